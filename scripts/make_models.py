@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Build specd's small test models: a byte-level BPE tokenizer and a Llama target/draft pair.
+
+No model can be downloaded where specd's tests run, so the project makes its own. The
+tokenizer is trained on the Python standard library that ships with the interpreter
+(source code plus the prose of `pydoc_data`), and both models share it.
+
+    python scripts/make_models.py            # random-weight target/ and draft/
+    python scripts/make_models.py --trained  # trained target-trained/ and draft-trained/
+
+Models land in ${SPECD_MODELS_DIR:-~/.cache/specd/models}/<name>/, each with
+config.json, generation_config.json, model.safetensors, tokenizer.json and
+tokenizer_config.json (with a chat template). A finished folder holds `.specd-complete`;
+folders are built in a temporary directory and renamed into place, under a file lock, so
+concurrent callers never see a half-written model. Everything is deterministic from the
+seed for a given Python standard library (its version is recorded in specd-model.json).
+
+Needs torch, transformers and tokenizers (the vLLM venv has them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+SEED = 1234
+VOCAB_SIZE = 4096
+BOS = "<|begin_of_text|>"
+EOS = "<|end_of_text|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = [BOS, EOS, IM_START, IM_END]  # ids 0..3 in this order
+# ChatML-style turns; the BOS comes from the template, so tokenize chat with
+# add_special_tokens=False (vLLM's default for chat).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+COMPLETE = ".specd-complete"
+# Saved as float32, lossless for drafters that run the model themselves. vLLM's CPU
+# backend serves it as bfloat16 anyway (its dtype "auto" picks bfloat16 on the CPU).
+DTYPE = "float32"
+
+# Architecture of each model; all share the tokenizer and a 2048-token context.
+RANDOM_MODELS = {
+    "target": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=688, tie_word_embeddings=False),
+    "draft": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, intermediate_size=344, tie_word_embeddings=True),
+}
+
+
+def log(msg: str) -> None:
+    print(f"make_models: {msg}", file=sys.stderr, flush=True)
+
+
+def models_dir() -> Path:
+    env = os.environ.get("SPECD_MODELS_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "specd" / "models"
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def corpus_files() -> list[Path]:
+    """The standard library's own source files (no tests), in a fixed order."""
+    root = stdlib_dir()
+    skip = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+    files = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if path.suffix not in (".py", ".txt") or not path.is_file():
+            continue
+        if any(part in skip for part in rel.parts):
+            continue
+        files.append(path)
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def read_text(path: Path) -> str:
+    return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def corpus_fingerprint(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    root = stdlib_dir()
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def train_tokenizer(out: Path) -> None:
+    """Train the byte-level BPE and save it with transformers' files into `out`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    files = corpus_files()
+    log(f"training a {VOCAB_SIZE}-token byte-level BPE on {len(files)} files of {stdlib_dir()}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator((read_text(f) for f in files), trainer=trainer)
+    # Text prompts start with BOS, as Llama tokenizers do.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A",
+        pair=f"{BOS} $A {BOS} $B",
+        special_tokens=[(BOS, tok.token_to_id(BOS))],
+    )
+    for i, s in enumerate(SPECIAL_TOKENS):
+        assert tok.token_to_id(s) == i, (s, tok.token_to_id(s))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=EOS,
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+    # Keep the template inside tokenizer_config.json too, where every loader finds it.
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg["add_bos_token"] = True
+    # The generic class name loads in transformers 4.x as well as 5.x.
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    meta = {
+        "tokenizer_corpus": "python stdlib *.py/*.txt without tests",
+        "python": platform.python_version(),
+        "corpus_files": len(files),
+        "corpus_sha256": corpus_fingerprint(files),
+        "vocab_size": tok.get_vocab_size(),
+        "special_tokens": {s: tok.token_to_id(s) for s in SPECIAL_TOKENS},
+    }
+    (out / "specd-tokenizer.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+
+
+def llama_config(arch: dict):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        hidden_act="silu",
+        initializer_range=0.02,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+        **arch,
+    )
+
+
+def save_model(model, tok_dir: Path, out: Path, meta: dict) -> None:
+    """Write model, tokenizer and generation config into `out`."""
+    import torch
+    from transformers import GenerationConfig
+
+    model = model.to(getattr(torch, DTYPE))
+    model.config.architectures = ["LlamaForCausalLM"]
+    model.save_pretrained(str(out), safe_serialization=True)
+    # Chat turns end with <|im_end|>, plain text with <|end_of_text|>.
+    GenerationConfig(bos_token_id=0, eos_token_id=[1, 3], pad_token_id=1).save_pretrained(str(out))
+    for f in sorted(tok_dir.iterdir()):
+        shutil.copy2(f, out / f.name)
+    params = sum(p.numel() for p in model.parameters())
+    meta = dict(meta, parameters=params, dtype=DTYPE, seed=SEED)
+    (out / "specd-model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"{meta['name']}: {params / 1e6:.2f} M parameters")
+
+
+def build_random(name: str, tok_dir: Path, out: Path) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    arch = RANDOM_MODELS[name]
+    torch.manual_seed(SEED + sum(name.encode()))
+    model = LlamaForCausalLM(llama_config(arch))
+    model.eval()
+    save_model(model, tok_dir, out, {"kind": "random", "name": name, "architecture": arch})
+
+
+def install(dest: Path, build) -> None:
+    """Build into a temporary folder next to `dest`, then rename it into place."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-", dir=dest.parent))
+    try:
+        tmp.chmod(0o755)
+        build(tmp)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        (tmp / COMPLETE).write_text("ok\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure_tokenizer(root: Path) -> Path:
+    tok_dir = root / "tokenizer"
+    if not (tok_dir / COMPLETE).exists():
+        install(tok_dir, train_tokenizer)
+    return tok_dir
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trained", action="store_true",
+                    default=os.environ.get("SPECD_TRAINED_MODELS", "") not in ("", "0"),
+                    help="build the trained pair (target-trained, draft-trained) instead "
+                         "of random weights (also SPECD_TRAINED_MODELS=1)")
+    ap.add_argument("--force", action="store_true", help="rebuild even if present")
+    args = ap.parse_args()
+
+    root = models_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if args.force:
+            for name in ("tokenizer", "target", "draft", "target-trained", "draft-trained"):
+                if (root / name).exists() and (args.trained == name.endswith("-trained")
+                                                or name == "tokenizer"):
+                    shutil.rmtree(root / name)
+        tok_dir = ensure_tokenizer(root)
+        if args.trained:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import train_models
+
+            train_models.ensure_trained(root, tok_dir, install)
+            names = ["target-trained", "draft-trained"]
+        else:
+            for name in RANDOM_MODELS:
+                if not (root / name / COMPLETE).exists():
+                    install(root / name, lambda out, n=name: build_random(n, tok_dir, out))
+            names = list(RANDOM_MODELS)
+    for name in names:
+        print(root / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
