@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Run the whole specd test suite on a fresh machine: installs what it needs (Rust
+# components, the cached vLLM CPU venv and test models, Prometheus), starts the real vLLM
+# test upstream, runs lints, Rust unit and integration tests, the Python client tests and
+# the dashboard check against a real Prometheus, then stops what it started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+export CARGO_TERM_COLOR=never
+
+step() { printf '\n=== %s ===\n' "$*" >&2; }
+
+step "toolchain"
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+  cargo install --locked cargo-nextest >&2
+fi
+
+step "lint"
+cargo fmt --all -- --check
+cargo clippy --all-targets -- -D warnings
+
+step "build"
+cargo build --release --bins
+cargo nextest run --no-run >/dev/null
+
+step "vLLM test upstream"
+UPSTREAM=$(bash scripts/vllm-cpu-upstream.sh start | tail -n 1 | sed 's/^UPSTREAM=//')
+export SPECD_TEST_UPSTREAM="$UPSTREAM"
+cleanup() { bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true; }
+if [ -z "${SPECD_KEEP_UPSTREAM:-}" ]; then trap cleanup EXIT; fi
+echo "upstream: $UPSTREAM" >&2
+
+step "Rust tests (unit + integration against the real vLLM)"
+cargo nextest run --no-fail-fast --test-threads 3
+
+if [ -x scripts/python-tests.sh ]; then
+  step "Python client tests"
+  bash scripts/python-tests.sh
+fi
+if [ -x scripts/dashboard-test.sh ]; then
+  step "dashboard against a real Prometheus"
+  bash scripts/dashboard-test.sh
+fi
+step "all tests passed"

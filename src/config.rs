@@ -1,0 +1,154 @@
+//! Command-line and environment configuration. Every flag can also be set through an
+//! environment variable named `SPECD_<FLAG>`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UpstreamKindArg {
+    /// Detect from the upstream's endpoints.
+    Auto,
+    Vllm,
+    Sglang,
+}
+
+/// How a request is served when it does not say itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpecMode {
+    /// Never speculate: forward requests unchanged.
+    Off,
+    /// Always speculate with the configured draft length.
+    On,
+    /// Speculate only while the controller expects it to pay.
+    Auto,
+}
+
+impl SpecMode {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "false" | "0" => Some(Self::Off),
+            "on" | "true" | "1" => Some(Self::On),
+            "auto" => Some(Self::Auto),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Base URL of the vLLM or SGLang server (http or https).
+    #[arg(long, env = "SPECD_UPSTREAM")]
+    pub upstream: String,
+
+    /// Address clients connect to (port 0 picks a free port, reported on stderr).
+    #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:8100")]
+    pub listen: SocketAddr,
+
+    /// Optional separate address for /metrics, /livez and /readyz. When unset they are
+    /// served on the main address.
+    #[arg(long, env = "SPECD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Upstream server kind; `auto` detects it.
+    #[arg(long, env = "SPECD_UPSTREAM_KIND", value_enum, default_value = "auto")]
+    pub upstream_kind: UpstreamKindArg,
+
+    /// Default speculation mode for requests that do not choose one.
+    #[arg(long, env = "SPECD_SPECULATION", value_enum, default_value = "auto")]
+    pub speculation: SpecMode,
+
+    /// Default drafter: ngram, suffix or model.
+    #[arg(long, env = "SPECD_DRAFTER", default_value = "ngram")]
+    pub drafter: String,
+
+    /// Maximum draft tokens per verify round.
+    #[arg(long, env = "SPECD_MAX_DRAFT_TOKENS", default_value_t = 4)]
+    pub max_draft_tokens: usize,
+
+    /// Shortest suffix match the n-gram drafter acts on.
+    #[arg(long, env = "SPECD_NGRAM_MIN", default_value_t = 2)]
+    pub ngram_min: usize,
+
+    /// Longest suffix the n-gram drafter tries to match.
+    #[arg(long, env = "SPECD_NGRAM_MAX", default_value_t = 8)]
+    pub ngram_max: usize,
+
+    /// tokenizer.json (or a directory holding it) of the upstream's model. Default: the
+    /// model directory the upstream reports, when it is readable here.
+    #[arg(long, env = "SPECD_TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
+
+    /// HF model directory of a draft model for the `model` drafter.
+    #[arg(long, env = "SPECD_DRAFT_MODEL")]
+    pub draft_model: Option<PathBuf>,
+
+    /// Device for the draft model: cpu or cuda:N.
+    #[arg(long, env = "SPECD_DRAFT_DEVICE", default_value = "cpu")]
+    pub draft_device: String,
+
+    /// Timeout of one verify call, in seconds.
+    #[arg(long, env = "SPECD_VERIFY_TIMEOUT", default_value_t = 30.0)]
+    pub verify_timeout: f64,
+
+    /// Connect timeout to the upstream, in seconds.
+    #[arg(long, env = "SPECD_CONNECT_TIMEOUT", default_value_t = 5.0)]
+    pub connect_timeout: f64,
+
+    /// Interval of the upstream health check, in seconds.
+    #[arg(long, env = "SPECD_HEALTH_INTERVAL", default_value_t = 2.0)]
+    pub health_interval: f64,
+
+    /// How long in-flight requests may finish after SIGTERM, in seconds.
+    #[arg(long, env = "SPECD_DRAIN_TIMEOUT", default_value_t = 30.0)]
+    pub drain_timeout: f64,
+
+    /// Maximum concurrently served generation requests (0 = unlimited).
+    #[arg(long, env = "SPECD_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
+    pub max_concurrent_streams: usize,
+
+    /// Requests that may wait for a free stream slot before 429 is returned.
+    #[arg(long, env = "SPECD_MAX_QUEUE", default_value_t = 1024)]
+    pub max_queue: usize,
+
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "SPECD_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Require `Authorization: Bearer <key>` from clients (the header is still forwarded).
+    #[arg(long, env = "SPECD_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// Log format.
+    #[arg(long, env = "SPECD_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Enable the `oracle` and `adversarial` drafters, which take the expected tokens from
+    /// the request. For tests only.
+    #[arg(long, env = "SPECD_ENABLE_TEST_DRAFTERS", default_value_t = false)]
+    pub enable_test_drafters: bool,
+}
+
+impl ServeArgs {
+    pub fn verify_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.verify_timeout.max(0.001))
+    }
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.connect_timeout.max(0.001))
+    }
+    pub fn health_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.health_interval.max(0.05))
+    }
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.drain_timeout.max(0.0))
+    }
+}

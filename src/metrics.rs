@@ -1,0 +1,141 @@
+//! Prometheus metrics. Names follow `specd_<what>_<unit>`; the spec-decode counters mirror
+//! vLLM's `spec_decode_*` names so dashboards read alike. Label values are bounded constants.
+
+use prometheus::{
+    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Latency buckets from 1 ms to ~65 s.
+fn latency_buckets() -> Vec<f64> {
+    exponential_buckets(0.001, 2.0, 17).unwrap_or_default()
+}
+
+/// Small integer buckets for token counts per round and K.
+fn count_buckets() -> Vec<f64> {
+    (0..=16).map(f64::from).collect()
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub build_info: IntGaugeVec,
+    pub upstream_info: IntGaugeVec,
+    pub upstream_ready: IntGauge,
+    pub requests: IntCounterVec,
+    pub request_duration: HistogramVec,
+    pub ttft: HistogramVec,
+    pub tpot: HistogramVec,
+    pub output_tokens: IntCounterVec,
+    pub active_streams: IntGaugeVec,
+    pub upstream_errors: IntCounterVec,
+    pub passthrough: IntCounterVec,
+    pub rejected: IntCounterVec,
+    pub num_drafts: IntCounterVec,
+    pub num_draft_tokens: IntCounterVec,
+    pub num_accepted_tokens: IntCounterVec,
+    pub accepted_per_pos: IntCounterVec,
+    pub num_emitted_tokens: IntCounterVec,
+    pub accepted_length: HistogramVec,
+    pub rounds_per_request: HistogramVec,
+    pub verify_duration: HistogramVec,
+    pub draft_duration: HistogramVec,
+    pub proxy_overhead: HistogramVec,
+    pub chosen_k: HistogramVec,
+    pub decode_cost: prometheus::Gauge,
+    pub verify_cost: GaugeVec,
+    pub estimated_speedup: GaugeVec,
+    pub mode_seconds: prometheus::CounterVec,
+    pub mode_switches: IntCounterVec,
+    pub draft_overlap: IntCounterVec,
+    names: Vec<String>,
+}
+
+macro_rules! reg {
+    ($r:expr, $names:expr, $m:expr) => {{
+        let m = $m.expect("metric definition is valid");
+        for d in prometheus::core::Collector::desc(&m) {
+            $names.push(d.fq_name.clone());
+        }
+        $r.register(Box::new(m.clone()))
+            .expect("metric names are unique");
+        m
+    }};
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let hist = |name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]| {
+            HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        };
+        let lat = latency_buckets;
+        let mut names: Vec<String> = Vec::new();
+        let names = &mut names;
+        let m = Metrics {
+            build_info: reg!(r, names, IntGaugeVec::new(Opts::new("specd_build_info", "specd build (value 1)"), &["version", "git_sha"])),
+            upstream_info: reg!(r, names, IntGaugeVec::new(Opts::new("specd_upstream_info", "Detected upstream server (value 1)"), &["kind", "model", "version", "max_model_len"])),
+            upstream_ready: reg!(r, names, IntGauge::new("specd_upstream_ready", "1 while the upstream answers its health check")),
+            requests: reg!(r, names, IntCounterVec::new(Opts::new("specd_requests_total", "Finished client requests"), &["route", "mode", "status"])),
+            request_duration: reg!(r, names, hist("specd_request_duration_seconds", "Client request duration", lat(), &["route", "mode"])),
+            ttft: reg!(r, names, hist("specd_time_to_first_token_seconds", "Time to first streamed token", lat(), &["mode"])),
+            tpot: reg!(r, names, hist("specd_time_per_output_token_seconds", "Mean time per output token after the first, per stream", lat(), &["mode"])),
+            output_tokens: reg!(r, names, IntCounterVec::new(Opts::new("specd_output_tokens_total", "Tokens sent to clients"), &["mode"])),
+            active_streams: reg!(r, names, IntGaugeVec::new(Opts::new("specd_active_streams", "In-flight client requests"), &["mode"])),
+            upstream_errors: reg!(r, names, IntCounterVec::new(Opts::new("specd_upstream_errors_total", "Upstream failures"), &["kind"])),
+            passthrough: reg!(r, names, IntCounterVec::new(Opts::new("specd_passthrough_total", "Generation requests forwarded unchanged, by reason"), &["reason"])),
+            rejected: reg!(r, names, IntCounterVec::new(Opts::new("specd_rejected_requests_total", "Requests refused by specd itself"), &["reason"])),
+            num_drafts: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_drafts_total", "Verify rounds with at least one draft token"), &["drafter"])),
+            num_draft_tokens: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_draft_tokens_total", "Draft tokens verified"), &["drafter"])),
+            num_accepted_tokens: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_accepted_tokens_total", "Draft tokens accepted"), &["drafter"])),
+            accepted_per_pos: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_accepted_tokens_per_pos_total", "Draft tokens accepted by position in the draft"), &["drafter", "position"])),
+            num_emitted_tokens: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_emitted_tokens_total", "Tokens produced by verify rounds (accepted drafts plus one sampled token per round)"), &["drafter"])),
+            accepted_length: reg!(r, names, hist("specd_spec_decode_accepted_length", "Accepted draft tokens per round", count_buckets(), &["drafter"])),
+            rounds_per_request: reg!(r, names, hist("specd_spec_rounds_per_request", "Verify rounds per speculated request", exponential_buckets(1.0, 2.0, 14).unwrap_or_default(), &["drafter"])),
+            verify_duration: reg!(r, names, hist("specd_verify_duration_seconds", "One verify call to the upstream", lat(), &["kind"])),
+            draft_duration: reg!(r, names, hist("specd_draft_duration_seconds", "One draft proposal", exponential_buckets(0.00001, 2.0, 24).unwrap_or_default(), &["drafter"])),
+            proxy_overhead: reg!(r, names, hist("specd_proxy_overhead_seconds", "Time spent in specd itself, excluding upstream calls and drafting", exponential_buckets(0.00001, 2.0, 24).unwrap_or_default(), &["scope"])),
+            chosen_k: reg!(r, names, hist("specd_controller_chosen_k", "Draft length chosen per round (0 = relay)", count_buckets(), &["drafter"])),
+            decode_cost: reg!(r, names, prometheus::Gauge::new("specd_controller_decode_cost_seconds", "Estimated plain decode cost per token")),
+            verify_cost: reg!(r, names, GaugeVec::new(Opts::new("specd_controller_verify_cost_seconds", "Estimated verify round cost by draft length"), &["k"])),
+            estimated_speedup: reg!(r, names, GaugeVec::new(Opts::new("specd_controller_estimated_speedup", "Estimated speedup of speculation vs plain decoding"), &["drafter"])),
+            mode_seconds: reg!(r, names, prometheus::CounterVec::new(Opts::new("specd_mode_seconds_total", "Stream time spent per mode"), &["mode"])),
+            mode_switches: reg!(r, names, IntCounterVec::new(Opts::new("specd_mode_switches_total", "Switches between relay and speculation"), &["from", "to"])),
+            draft_overlap: reg!(r, names, IntCounterVec::new(Opts::new("specd_draft_overlap_total", "Drafts prepared during a verify call, used or discarded"), &["outcome"])),
+            registry: r,
+            names: std::mem::take(names),
+        };
+        #[cfg(target_os = "linux")]
+        {
+            let pc = prometheus::process_collector::ProcessCollector::for_self();
+            let _ = m.registry.register(Box::new(pc));
+        }
+        m.build_info
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                option_env!("SPECD_GIT_SHA").unwrap_or("unknown"),
+            ])
+            .set(1);
+        m
+    }
+
+    /// Prometheus text exposition of every registered metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let enc = TextEncoder::new();
+        if enc.encode(&self.registry.gather(), &mut buf).is_err() {
+            return String::new();
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Names of all registered metric families (for dashboard consistency checks).
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,228 @@
+//! Turn a session's events into the client's response: SSE chunks as rounds complete, or
+//! one JSON body. The HTTP status is decided by the first event, so an upstream failure
+//! before any token gives a proper error status; a failure after that becomes an error
+//! event followed by `[DONE]`.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::observe::{route_label, Outcome};
+use super::Shared;
+use crate::error::ApiError;
+use crate::spec::output::{new_id, Shape};
+use crate::spec::request::{Endpoint, GenRequest};
+use crate::spec::session::Event;
+use crate::tokens::ModelTokenizer;
+
+pub async fn respond(
+    st: &Shared,
+    gen: &GenRequest,
+    model: String,
+    tokenizer: Arc<ModelTokenizer>,
+    mut rx: mpsc::Receiver<Event>,
+) -> Response {
+    let path = match gen.endpoint {
+        Endpoint::Completions => "/v1/completions",
+        Endpoint::Chat => "/v1/chat/completions",
+    };
+    let mut outcome = Outcome::new(st.metrics.clone(), route_label(path), "speculate");
+    let shape = Shape {
+        endpoint: gen.endpoint,
+        id: new_id(gen.endpoint),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        model,
+        want_logprobs: gen.want_logprobs,
+        tokens_as_ids: gen.tokens_as_ids,
+        tokenizer,
+    };
+    let first = rx.recv().await;
+    let first = match first {
+        None => {
+            let e = ApiError::Internal("generation ended without a result".into());
+            outcome.set_status(e.status().as_u16());
+            outcome.complete();
+            return e.into_response();
+        }
+        Some(Event::Error(e)) => {
+            outcome.set_status(e.status().as_u16());
+            outcome.complete();
+            return e.into_response();
+        }
+        Some(ev) => ev,
+    };
+    if gen.stream {
+        stream_response(shape, gen.include_usage, first, rx, outcome)
+    } else {
+        full_response(shape, first, rx, outcome).await
+    }
+}
+
+async fn full_response(
+    shape: Shape,
+    first: Event,
+    mut rx: mpsc::Receiver<Event>,
+    mut outcome: Outcome,
+) -> Response {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    let mut ev = Some(first);
+    while let Some(e) = ev.take() {
+        match e {
+            Event::Delta {
+                text: t,
+                tokens: mut k,
+            } => {
+                text.push_str(&t);
+                tokens.append(&mut k);
+            }
+            Event::Done {
+                text: t,
+                tokens: mut k,
+                finish,
+                stats,
+            } => {
+                text.push_str(&t);
+                tokens.append(&mut k);
+                let mut off = 0;
+                let lp = shape.logprobs(&tokens, &mut off);
+                outcome.tokens(tokens.len() as u64);
+                outcome.complete();
+                return axum::Json(shape.full(&text, lp, &finish, &stats)).into_response();
+            }
+            Event::Error(e) => {
+                outcome.set_status(e.status().as_u16());
+                outcome.complete();
+                return e.into_response();
+            }
+        }
+        ev = rx.recv().await;
+    }
+    let e = ApiError::Internal("generation ended without a result".into());
+    outcome.set_status(500);
+    e.into_response()
+}
+
+struct StreamState {
+    shape: Shape,
+    include_usage: bool,
+    rx: mpsc::Receiver<Event>,
+    pending: Option<Event>,
+    first_chunk: bool,
+    offset: usize,
+    finished: bool,
+    outcome: Outcome,
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+fn stream_response(
+    shape: Shape,
+    include_usage: bool,
+    first: Event,
+    rx: mpsc::Receiver<Event>,
+    outcome: Outcome,
+) -> Response {
+    let state = StreamState {
+        shape,
+        include_usage,
+        rx,
+        pending: Some(first),
+        first_chunk: true,
+        offset: 0,
+        finished: false,
+        outcome,
+    };
+    let body = futures_util::stream::unfold(state, |mut s| async move {
+        if s.finished {
+            return None;
+        }
+        let mut out: Vec<u8> = Vec::new();
+        if s.first_chunk && s.shape.endpoint == Endpoint::Chat {
+            out.extend_from_slice(&sse(&s.shape.chunk("", Value::Null, None, true)));
+            s.first_chunk = false;
+        }
+        let ev = match s.pending.take() {
+            Some(e) => Some(e),
+            None => s.rx.recv().await,
+        };
+        match ev {
+            Some(Event::Delta { text, tokens }) => {
+                let lp = s.shape.logprobs(&tokens, &mut s.offset);
+                if !text.is_empty() || !lp.is_null() {
+                    out.extend_from_slice(&sse(&s.shape.chunk(&text, lp, None, s.first_chunk)));
+                    s.first_chunk = false;
+                }
+                s.outcome.tokens(tokens.len() as u64);
+            }
+            Some(Event::Done {
+                text,
+                tokens,
+                finish,
+                stats,
+            }) => {
+                let lp = s.shape.logprobs(&tokens, &mut s.offset);
+                out.extend_from_slice(&sse(&s.shape.chunk(
+                    &text,
+                    lp,
+                    Some(&finish),
+                    s.first_chunk,
+                )));
+                s.outcome.tokens(tokens.len() as u64);
+                if s.include_usage {
+                    out.extend_from_slice(&sse(&s.shape.usage_chunk(&stats)));
+                }
+                out.extend_from_slice(b"data: [DONE]\n\n");
+                s.outcome.complete();
+                s.finished = true;
+            }
+            Some(Event::Error(e)) => {
+                out.extend_from_slice(e.sse_event().as_bytes());
+                out.extend_from_slice(b"data: [DONE]\n\n");
+                s.outcome.set_status(e.status().as_u16());
+                s.outcome.complete();
+                s.finished = true;
+            }
+            None => {
+                let e = ApiError::Internal("generation ended without a result".into());
+                out.extend_from_slice(e.sse_event().as_bytes());
+                out.extend_from_slice(b"data: [DONE]\n\n");
+                s.outcome.set_status(500);
+                s.finished = true;
+            }
+        }
+        Some((Ok::<Bytes, std::convert::Infallible>(Bytes::from(out)), s))
+    });
+    let mut resp = Response::new(Body::from_stream(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+/// Keep a stream slot until the response body is finished or dropped.
+pub fn with_permit(resp: Response, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Response {
+    let Some(permit) = permit else { return resp };
+    resp.map(|b| {
+        let s = b.into_data_stream().map(move |x| {
+            let _held = &permit;
+            x
+        });
+        Body::from_stream(s)
+    })
+}

@@ -1,0 +1,243 @@
+//! Token-level text handling: the model's tokenizer, incremental detokenization of the
+//! generated ids (equal to the upstream's own text for the same ids), and stop strings.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("no tokenizer.json at {0}")]
+    Missing(PathBuf),
+    #[error("cannot load tokenizer {0}: {1}")]
+    Load(PathBuf, String),
+}
+
+/// The upstream model's tokenizer plus the ids that end generation.
+pub struct ModelTokenizer {
+    pub tokenizer: Tokenizer,
+    pub eos_ids: Vec<u32>,
+    pub vocab_size: usize,
+    pub path: PathBuf,
+}
+
+impl ModelTokenizer {
+    /// Load from a `tokenizer.json` file or a model directory holding one; EOS ids come
+    /// from `generation_config.json` / `config.json` / `tokenizer_config.json` beside it.
+    pub fn load(path: &Path) -> Result<Self, TokenError> {
+        let (file, dir) = if path.is_dir() {
+            (path.join("tokenizer.json"), path.to_path_buf())
+        } else {
+            (
+                path.to_path_buf(),
+                path.parent().map(Path::to_path_buf).unwrap_or_default(),
+            )
+        };
+        if !file.is_file() {
+            return Err(TokenError::Missing(file));
+        }
+        let tokenizer = Tokenizer::from_file(&file)
+            .map_err(|e| TokenError::Load(file.clone(), e.to_string()))?;
+        let mut eos_ids = Vec::new();
+        for name in ["generation_config.json", "config.json"] {
+            if let Some(v) = read_json(&dir.join(name)) {
+                collect_ids(v.get("eos_token_id"), &mut eos_ids);
+            }
+        }
+        if let Some(v) = read_json(&dir.join("tokenizer_config.json")) {
+            let eos = v.get("eos_token").and_then(|e| {
+                e.as_str()
+                    .map(str::to_string)
+                    .or_else(|| e.get("content").and_then(Value::as_str).map(str::to_string))
+            });
+            if let Some(id) = eos.and_then(|t| tokenizer.token_to_id(&t)) {
+                if !eos_ids.contains(&id) {
+                    eos_ids.push(id);
+                }
+            }
+        }
+        let vocab_size = tokenizer.get_vocab_size(true);
+        Ok(ModelTokenizer {
+            tokenizer,
+            eos_ids,
+            vocab_size,
+            path: file,
+        })
+    }
+
+    /// Text of a single token, as vLLM shows it in logprobs.
+    pub fn token_text(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
+}
+
+fn read_json(p: &Path) -> Option<Value> {
+    serde_json::from_slice(&std::fs::read(p).ok()?).ok()
+}
+
+fn collect_ids(v: Option<&Value>, out: &mut Vec<u32>) {
+    match v {
+        Some(Value::Number(n)) => {
+            if let Some(x) = n.as_u64() {
+                if !out.contains(&(x as u32)) {
+                    out.push(x as u32);
+                }
+            }
+        }
+        Some(Value::Array(a)) => a.iter().for_each(|x| collect_ids(Some(x), out)),
+        _ => {}
+    }
+}
+
+/// Incremental detokenizer over the tokenizers crate's `DecodeStream`, primed with a
+/// prompt suffix the way vLLM primes its own, so the text of every generated token
+/// (leading spaces, multi-byte characters held back until complete) matches the upstream's.
+pub struct Detokenizer<'t> {
+    stream: tokenizers::DecodeStream<
+        't,
+        tokenizers::ModelWrapper,
+        tokenizers::NormalizerWrapper,
+        tokenizers::PreTokenizerWrapper,
+        tokenizers::PostProcessorWrapper,
+        tokenizers::DecoderWrapper,
+    >,
+}
+
+impl<'t> Detokenizer<'t> {
+    pub fn new(tok: &'t Tokenizer, skip_special: bool, prompt: &[u32]) -> Self {
+        let mut suffix = prompt;
+        if prompt.len() > 4 {
+            for i in 4..(prompt.len() + 1).min(24) {
+                let cand = &prompt[prompt.len() - i..];
+                if tok
+                    .decode(cand, false)
+                    .is_ok_and(|t| !t.contains('\u{FFFD}'))
+                {
+                    suffix = cand;
+                    break;
+                }
+            }
+        }
+        let mut stream = tok.decode_stream(skip_special);
+        for &id in suffix {
+            let _ = stream.step(id);
+        }
+        Detokenizer { stream }
+    }
+
+    /// Text added by `id` (possibly empty while a character is incomplete).
+    pub fn step(&mut self, id: u32) -> String {
+        self.stream.step(id).ok().flatten().unwrap_or_default()
+    }
+}
+
+/// Stop-string matcher over streamed text. Text is released only once it can no longer
+/// be the start of a stop string.
+pub struct StopMatcher {
+    stops: Vec<String>,
+    include_stop: bool,
+    pending: String,
+    hold: usize,
+}
+
+pub enum StopOutcome {
+    /// Text safe to send now.
+    Continue(String),
+    /// A stop string matched: final text to send and the matched string.
+    Stopped(String, String),
+}
+
+impl StopMatcher {
+    pub fn new(stops: Vec<String>, include_stop: bool) -> Self {
+        let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
+        let hold = stops
+            .iter()
+            .map(|s| s.len())
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1);
+        StopMatcher {
+            stops,
+            include_stop,
+            pending: String::new(),
+            hold,
+        }
+    }
+
+    pub fn push(&mut self, text: &str) -> StopOutcome {
+        self.pending.push_str(text);
+        // Earliest match wins, as the upstream scans the text in order.
+        let mut best: Option<(usize, &String)> = None;
+        for s in &self.stops {
+            if let Some(i) = self.pending.find(s.as_str()) {
+                if best.is_none_or(|(b, _)| i < b) {
+                    best = Some((i, s));
+                }
+            }
+        }
+        if let Some((i, s)) = best {
+            let end = if self.include_stop { i + s.len() } else { i };
+            let out = self.pending[..end].to_string();
+            let s = s.clone();
+            self.pending.clear();
+            return StopOutcome::Stopped(out, s);
+        }
+        if self.stops.is_empty() {
+            return StopOutcome::Continue(std::mem::take(&mut self.pending));
+        }
+        let mut cut = self.pending.len().saturating_sub(self.hold);
+        while !self.pending.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        StopOutcome::Continue(out)
+    }
+
+    /// Text still held back, released when generation ends for another reason.
+    pub fn flush(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_string_split_across_pushes() {
+        let mut m = StopMatcher::new(vec!["END".into()], false);
+        let mut sent = String::new();
+        for piece in ["hello E", "N", "D tail"] {
+            match m.push(piece) {
+                StopOutcome::Continue(t) => sent.push_str(&t),
+                StopOutcome::Stopped(t, s) => {
+                    sent.push_str(&t);
+                    assert_eq!(s, "END");
+                    assert_eq!(sent, "hello ");
+                    return;
+                }
+            }
+        }
+        panic!("stop string not found");
+    }
+
+    #[test]
+    fn include_stop_and_flush() {
+        let mut m = StopMatcher::new(vec!["xy".into(), "y".into()], true);
+        match m.push("abxyz") {
+            StopOutcome::Stopped(t, s) => {
+                assert_eq!(t, "abxy");
+                assert_eq!(s, "xy");
+            }
+            StopOutcome::Continue(_) => panic!("should stop"),
+        }
+        let mut m = StopMatcher::new(vec!["long-stop".into()], false);
+        let StopOutcome::Continue(t) = m.push("ab\u{e9}c") else {
+            panic!()
+        };
+        assert_eq!(t, "");
+        assert_eq!(m.flush(), "ab\u{e9}c");
+    }
+}

@@ -1,0 +1,219 @@
+//! The upstream inference server: HTTP client, health, detection, and the calls specd
+//! makes to it (tokenize, verify, relay).
+
+pub mod detect;
+pub mod sse;
+pub mod verify;
+pub mod vllm;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use reqwest::Client;
+use serde_json::Value;
+
+use crate::config::{ServeArgs, UpstreamKindArg};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+pub use detect::{UpstreamInfo, UpstreamKind};
+
+pub struct Upstream {
+    pub base: String,
+    pub client: Client,
+    forced_kind: Option<UpstreamKind>,
+    info: RwLock<Option<Arc<UpstreamInfo>>>,
+    ready: AtomicBool,
+    verify_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Upstream {
+    pub fn new(args: &ServeArgs, metrics: Arc<Metrics>) -> Result<Self, reqwest::Error> {
+        let client = Client::builder()
+            .connect_timeout(args.connect_timeout())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .tcp_nodelay(true)
+            .build()?;
+        let forced_kind = match args.upstream_kind {
+            UpstreamKindArg::Auto => None,
+            UpstreamKindArg::Vllm => Some(UpstreamKind::Vllm),
+            UpstreamKindArg::Sglang => Some(UpstreamKind::Sglang),
+        };
+        Ok(Upstream {
+            base: args.upstream.trim_end_matches('/').to_string(),
+            client,
+            forced_kind,
+            info: RwLock::new(None),
+            ready: AtomicBool::new(false),
+            verify_timeout: args.verify_timeout(),
+            metrics,
+        })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    pub fn info(&self) -> Option<Arc<UpstreamInfo>> {
+        self.info.read().ok().and_then(|g| g.clone())
+    }
+
+    pub fn verify_timeout(&self) -> Duration {
+        self.verify_timeout
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// One health probe: `/health` must answer 2xx.
+    pub async fn check_health(&self) -> bool {
+        let r = self
+            .client
+            .get(self.url("/health"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        matches!(r, Ok(resp) if resp.status().is_success())
+    }
+
+    /// Detect the upstream and publish what was found. Errors when the upstream does not
+    /// answer, or when a forced kind does not match what it is.
+    pub async fn refresh_info(&self) -> Result<Arc<UpstreamInfo>, detect::DetectError> {
+        let info = Arc::new(detect::detect(&self.client, &self.base).await?);
+        if let Some(forced) = self.forced_kind {
+            if forced != info.kind {
+                return Err(detect::DetectError::KindMismatch {
+                    forced,
+                    found: info.kind,
+                });
+            }
+        }
+        let changed = self.info().map(|old| *old != *info).unwrap_or(true);
+        if changed {
+            tracing::info!(kind = %info.kind, model = %info.model, version = %info.version,
+                max_model_len = info.max_model_len, root = ?info.root, "upstream detected");
+            self.metrics.upstream_info.reset();
+            self.metrics
+                .upstream_info
+                .with_label_values(&[
+                    info.kind.as_str(),
+                    &info.model,
+                    &info.version,
+                    &info.max_model_len.to_string(),
+                ])
+                .set(1);
+            if let Ok(mut g) = self.info.write() {
+                *g = Some(info.clone());
+            }
+        }
+        Ok(info)
+    }
+
+    /// Health and detection loop: runs until the process ends.
+    pub async fn watch(
+        self: Arc<Self>,
+        interval: Duration,
+        on_ready: impl Fn(&UpstreamInfo) + Send + 'static,
+    ) {
+        let mut since_detect = Duration::MAX;
+        loop {
+            let healthy = self.check_health().await;
+            let was = self.ready.load(Ordering::Relaxed);
+            let mut ready = healthy;
+            if healthy && (!was || since_detect >= Duration::from_secs(30)) {
+                match self.refresh_info().await {
+                    Ok(info) => {
+                        since_detect = Duration::ZERO;
+                        on_ready(&info);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "upstream detection failed");
+                        ready = false;
+                    }
+                }
+            }
+            if ready != was {
+                tracing::info!(ready, upstream = %self.base, "upstream readiness changed");
+            }
+            self.ready.store(ready, Ordering::Relaxed);
+            self.metrics.upstream_ready.set(i64::from(ready));
+            tokio::time::sleep(interval).await;
+            since_detect = since_detect.saturating_add(interval);
+        }
+    }
+
+    /// POST a JSON body and parse a JSON answer, mapping failures to client errors.
+    pub async fn post_json(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Value, ApiError> {
+        let resp = self
+            .client
+            .post(self.url(path))
+            .json(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| self.map_send_error(e))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.map_send_error(e))?;
+        if !status.is_success() {
+            self.count_error("status");
+            return Err(ApiError::Upstream {
+                status: status.as_u16(),
+                message: upstream_error_message(&bytes),
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| {
+            self.count_error("protocol");
+            ApiError::UpstreamProtocol(format!("invalid JSON from {path}: {e}"))
+        })
+    }
+
+    pub fn count_error(&self, kind: &'static str) {
+        self.metrics
+            .upstream_errors
+            .with_label_values(&[kind])
+            .inc();
+    }
+
+    pub fn map_send_error(&self, e: reqwest::Error) -> ApiError {
+        if e.is_timeout() {
+            self.count_error("timeout");
+            ApiError::UpstreamTimeout(e.to_string())
+        } else if e.is_connect() {
+            self.count_error("connect");
+            ApiError::UpstreamUnreachable(e.to_string())
+        } else {
+            self.count_error("protocol");
+            ApiError::UpstreamUnreachable(e.to_string())
+        }
+    }
+}
+
+/// The message of an upstream error body (`{"error": {"message"}}`, `{"message"}`, or text).
+pub fn upstream_error_message(body: &[u8]) -> String {
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        if let Some(m) = v.pointer("/error/message").and_then(Value::as_str) {
+            return m.to_string();
+        }
+        if let Some(m) = v.get("message").and_then(Value::as_str) {
+            return m.to_string();
+        }
+        if let Some(m) = v.get("detail").and_then(Value::as_str) {
+            return m.to_string();
+        }
+    }
+    let text = String::from_utf8_lossy(body);
+    text.chars().take(500).collect()
+}

@@ -1,0 +1,145 @@
+//! What a verifier is: one upstream call that samples the target's token after each of
+//! the K+1 prefixes context, context+d1, …, context+d1..dK; plus tokenizing and relaying.
+//! vLLM and SGLang implement [`Backend`].
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// The client's sampling parameters, passed to the upstream as given (unset stays unset,
+/// so the upstream applies the same defaults it would for a direct request).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sampling {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub seed: Option<u64>,
+    /// Number of top logprobs wanted per token; `None` when the client asked for none.
+    pub logprobs: Option<u32>,
+}
+
+impl Sampling {
+    /// Greedy when the temperature is explicitly 0 (or top_k is 1).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == Some(0.0) || self.top_k == Some(1)
+    }
+
+    /// The sampling fields as upstream JSON (OpenAI/vLLM names).
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        if let Some(t) = self.temperature {
+            m.insert("temperature".into(), t.into());
+        }
+        if let Some(p) = self.top_p {
+            m.insert("top_p".into(), p.into());
+        }
+        if let Some(k) = self.top_k {
+            m.insert("top_k".into(), k.into());
+        }
+        if let Some(p) = self.min_p {
+            m.insert("min_p".into(), p.into());
+        }
+        m
+    }
+}
+
+/// Seed for the token sampled at absolute position `pos`. Each position gets its own
+/// random stream, so results are reproducible and independent of how tokens were grouped
+/// into rounds (SplitMix64 finaliser over seed and position; kept below 2^63 for servers
+/// that parse seeds as signed integers).
+pub fn position_seed(seed: u64, pos: usize) -> u64 {
+    let mut z = seed ^ (pos as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) >> 1
+}
+
+/// One token the target sampled, with its logprob data when asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub id: u32,
+    pub logprob: Option<f32>,
+    pub top: Vec<(u32, f32)>,
+}
+
+impl Sample {
+    pub fn id(id: u32) -> Self {
+        Sample {
+            id,
+            logprob: None,
+            top: Vec::new(),
+        }
+    }
+}
+
+pub struct VerifyRequest<'a> {
+    /// Model name to put in upstream requests.
+    pub model: &'a str,
+    pub context: &'a [u32],
+    pub drafts: &'a [u32],
+    pub sampling: &'a Sampling,
+}
+
+pub struct RelayRequest<'a> {
+    pub model: &'a str,
+    pub context: &'a [u32],
+    pub sampling: &'a Sampling,
+    pub max_tokens: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tokenized {
+    pub tokens: Vec<u32>,
+    pub max_model_len: Option<u32>,
+}
+
+pub type SampleStream = BoxStream<'static, Result<Sample, ApiError>>;
+
+/// The upstream calls the round loop needs.
+pub trait Backend: Send + Sync {
+    /// Samples s_0..s_K: the target's token after each prefix (K+1 entries).
+    fn verify<'a>(&'a self, req: VerifyRequest<'a>)
+        -> BoxFuture<'a, Result<Vec<Sample>, ApiError>>;
+    /// Prompt text to token ids exactly as the upstream tokenizes a text prompt.
+    fn tokenize_prompt<'a>(
+        &'a self,
+        model: &'a str,
+        prompt: &'a str,
+    ) -> BoxFuture<'a, Result<Tokenized, ApiError>>;
+    /// Chat messages (with the client's template options) to prompt ids, through the
+    /// upstream's own chat template and `add_generation_prompt`.
+    fn tokenize_chat<'a>(
+        &'a self,
+        model: &'a str,
+        request: &'a Map<String, Value>,
+    ) -> BoxFuture<'a, Result<Tokenized, ApiError>>;
+    /// A plain streaming continuation of `context` (relay mode): the upstream decodes,
+    /// specd watches the tokens. Dropping the stream aborts the upstream request.
+    fn relay<'a>(&'a self, req: RelayRequest<'a>) -> BoxFuture<'a, Result<SampleStream, ApiError>>;
+    fn kind(&self) -> &'static str;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn position_seeds_differ_and_repeat() {
+        let a = position_seed(42, 10);
+        assert_eq!(a, position_seed(42, 10));
+        assert_ne!(a, position_seed(42, 11));
+        assert_ne!(a, position_seed(43, 10));
+        assert!(a < (1 << 63));
+    }
+
+    #[test]
+    fn greedy_detection() {
+        let mut s = Sampling::default();
+        assert!(!s.is_greedy());
+        s.temperature = Some(0.0);
+        assert!(s.is_greedy());
+    }
+}

@@ -1,0 +1,350 @@
+//! vLLM's side of the verify protocol: one `/v1/completions` call whose `prompt` is the
+//! list of K+1 token-id prefixes, `max_tokens: 1`, token ids read back through
+//! `return_tokens_as_token_ids`. Never `prompt_logprobs`/`echo`: they bypass the prefix cache.
+
+use std::sync::Arc;
+
+use futures_util::future::{join_all, BoxFuture};
+use futures_util::{FutureExt, StreamExt};
+use serde_json::{json, Map, Value};
+
+use super::sse::SseParser;
+use super::verify::{
+    position_seed, Backend, RelayRequest, Sample, SampleStream, Sampling, Tokenized, VerifyRequest,
+};
+use super::Upstream;
+use crate::error::ApiError;
+
+pub struct VllmBackend {
+    pub up: Arc<Upstream>,
+}
+
+/// `"token_id:123"` → 123.
+pub fn parse_token_id(s: &str) -> Option<u32> {
+    s.strip_prefix("token_id:")?.parse().ok()
+}
+
+fn base_body(model: &str, sampling: &Sampling) -> Map<String, Value> {
+    let mut m = sampling.to_json();
+    m.insert("model".into(), model.into());
+    m.insert("max_tokens".into(), 1.into());
+    // logprobs=0 still returns the sampled token: the cheapest way to read its id.
+    m.insert("logprobs".into(), sampling.logprobs.unwrap_or(0).into());
+    m.insert("return_tokens_as_token_ids".into(), true.into());
+    m
+}
+
+/// Read (token id, logprob, top logprobs) of entry `i` of a completions `logprobs` object.
+fn sample_at(lp: &Value, i: usize, want_top: bool) -> Option<Sample> {
+    let id = parse_token_id(lp.get("tokens")?.get(i)?.as_str()?)?;
+    let logprob = lp
+        .get("token_logprobs")
+        .and_then(|t| t.get(i))
+        .and_then(Value::as_f64)
+        .map(|x| x as f32);
+    let mut top = Vec::new();
+    if want_top {
+        if let Some(obj) = lp
+            .get("top_logprobs")
+            .and_then(|t| t.get(i))
+            .and_then(Value::as_object)
+        {
+            for (k, v) in obj {
+                if let (Some(tid), Some(x)) = (parse_token_id(k), v.as_f64()) {
+                    top.push((tid, x as f32));
+                }
+            }
+            top.sort_by(|a, b| b.1.total_cmp(&a.1));
+        }
+    }
+    Some(Sample { id, logprob, top })
+}
+
+/// The sampled token of every choice, ordered by `index`.
+pub fn parse_verify_response(
+    v: &Value,
+    expected: usize,
+    want_top: bool,
+) -> Result<Vec<Sample>, ApiError> {
+    let choices = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::UpstreamProtocol("verify response has no choices".into()))?;
+    let mut out: Vec<Option<Sample>> = vec![None; expected];
+    for c in choices {
+        let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let s = c
+            .get("logprobs")
+            .and_then(|lp| sample_at(lp, 0, want_top))
+            .ok_or_else(|| ApiError::UpstreamProtocol("verify choice without a token id".into()))?;
+        if idx < expected {
+            out[idx] = Some(s);
+        }
+    }
+    out.into_iter()
+        .map(|s| {
+            s.ok_or_else(|| ApiError::UpstreamProtocol("verify response misses a prompt".into()))
+        })
+        .collect()
+}
+
+impl VllmBackend {
+    async fn verify_impl(&self, req: VerifyRequest<'_>) -> Result<Vec<Sample>, ApiError> {
+        let k = req.drafts.len();
+        let want_top = req.sampling.logprobs.unwrap_or(0) > 0;
+        let prefixes: Vec<Vec<u32>> = (0..=k)
+            .map(|j| {
+                let mut p = Vec::with_capacity(req.context.len() + j);
+                p.extend_from_slice(req.context);
+                p.extend_from_slice(&req.drafts[..j]);
+                p
+            })
+            .collect();
+        let timeout = self.up.verify_timeout();
+        match req.sampling.seed {
+            None => {
+                let mut body = base_body(req.model, req.sampling);
+                body.insert("prompt".into(), json!(prefixes));
+                let v = self
+                    .up
+                    .post_json("/v1/completions", &Value::Object(body), timeout)
+                    .await?;
+                parse_verify_response(&v, k + 1, want_top)
+            }
+            Some(seed) => {
+                // vLLM gives every prompt of one request the same random stream, so each
+                // position is its own request with its own seed (batched by the engine).
+                let calls = prefixes.iter().map(|p| {
+                    let mut body = base_body(req.model, req.sampling);
+                    body.insert("seed".into(), position_seed(seed, p.len()).into());
+                    body.insert("prompt".into(), json!([p]));
+                    let body = Value::Object(body);
+                    async move {
+                        let v = self.up.post_json("/v1/completions", &body, timeout).await?;
+                        parse_verify_response(&v, 1, want_top).map(|mut s| s.remove(0))
+                    }
+                });
+                join_all(calls).await.into_iter().collect()
+            }
+        }
+    }
+
+    async fn tokenize(&self, body: Value) -> Result<Tokenized, ApiError> {
+        let v = self
+            .up
+            .post_json("/tokenize", &body, std::time::Duration::from_secs(30))
+            .await?;
+        let tokens = v
+            .get("tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(|| ApiError::UpstreamProtocol("tokenize response has no tokens".into()))?
+            .iter()
+            .map(|t| t.as_u64().map(|x| x as u32))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| {
+                ApiError::UpstreamProtocol("tokenize returned a non-integer token".into())
+            })?;
+        let max_model_len = v
+            .get("max_model_len")
+            .and_then(Value::as_u64)
+            .map(|x| x as u32);
+        Ok(Tokenized {
+            tokens,
+            max_model_len,
+        })
+    }
+
+    async fn relay_impl(&self, req: RelayRequest<'_>) -> Result<SampleStream, ApiError> {
+        let mut body = base_body(req.model, req.sampling);
+        body.insert("max_tokens".into(), req.max_tokens.into());
+        body.insert("prompt".into(), json!(req.context));
+        body.insert("stream".into(), true.into());
+        body.insert("ignore_eos".into(), true.into());
+        if let Some(seed) = req.sampling.seed {
+            body.insert("seed".into(), position_seed(seed, req.context.len()).into());
+        }
+        let want_top = req.sampling.logprobs.unwrap_or(0) > 0;
+        let resp = self
+            .up
+            .client
+            .post(self.up.url("/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| self.up.map_send_error(e))?;
+        if !resp.status().is_success() {
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await.unwrap_or_default();
+            self.up.count_error("status");
+            return Err(ApiError::Upstream {
+                status,
+                message: super::upstream_error_message(&bytes),
+            });
+        }
+        let up = self.up.clone();
+        let mut bytes = resp.bytes_stream();
+        let stream = async_stream_samples(move |tx| async move {
+            let mut parser = SseParser::new();
+            while let Some(chunk) = bytes.next().await {
+                let chunk = match chunk {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send(Err(up.map_send_error(e))).await;
+                        return;
+                    }
+                };
+                for data in parser.feed(&chunk) {
+                    if data == "[DONE]" {
+                        return;
+                    }
+                    let v: Value = match serde_json::from_str(&data) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            up.count_error("protocol");
+                            let _ = tx
+                                .send(Err(ApiError::UpstreamProtocol(format!(
+                                    "bad relay chunk: {e}"
+                                ))))
+                                .await;
+                            return;
+                        }
+                    };
+                    if let Some(msg) = v.pointer("/error/message").and_then(Value::as_str) {
+                        let _ = tx
+                            .send(Err(ApiError::Upstream {
+                                status: 500,
+                                message: msg.to_string(),
+                            }))
+                            .await;
+                        return;
+                    }
+                    let Some(lp) = v.pointer("/choices/0/logprobs") else {
+                        continue;
+                    };
+                    let n = lp
+                        .get("tokens")
+                        .and_then(Value::as_array)
+                        .map_or(0, Vec::len);
+                    for i in 0..n {
+                        match sample_at(lp, i, want_top) {
+                            Some(s) => {
+                                if tx.send(Ok(s)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            None => {
+                                let _ = tx
+                                    .send(Err(ApiError::UpstreamProtocol(
+                                        "relay chunk without token id".into(),
+                                    )))
+                                    .await;
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(stream)
+    }
+}
+
+/// A stream fed by a producer task through a bounded channel. Dropping the stream drops
+/// the receiver; the producer then stops at its next send, dropping the upstream body.
+pub fn async_stream_samples<F, Fut>(producer: F) -> SampleStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<Sample, ApiError>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let fut = producer(tx.clone());
+    let task = tokio::spawn(async move {
+        tokio::select! {
+            _ = fut => {}
+            _ = tx.closed() => {}
+        }
+    });
+    let guard = AbortOnDrop(task);
+    futures_util::stream::unfold((rx, guard), |(mut rx, g)| async move {
+        rx.recv().await.map(|item| (item, (rx, g)))
+    })
+    .boxed()
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Backend for VllmBackend {
+    fn verify<'a>(
+        &'a self,
+        req: VerifyRequest<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Sample>, ApiError>> {
+        self.verify_impl(req).boxed()
+    }
+    fn tokenize_prompt<'a>(
+        &'a self,
+        model: &'a str,
+        prompt: &'a str,
+    ) -> BoxFuture<'a, Result<Tokenized, ApiError>> {
+        self.tokenize(json!({"model": model, "prompt": prompt}))
+            .boxed()
+    }
+    fn tokenize_chat<'a>(
+        &'a self,
+        model: &'a str,
+        request: &'a Map<String, Value>,
+    ) -> BoxFuture<'a, Result<Tokenized, ApiError>> {
+        let mut body = Map::new();
+        body.insert("model".into(), model.into());
+        for key in [
+            "messages",
+            "chat_template",
+            "chat_template_kwargs",
+            "add_generation_prompt",
+            "continue_final_message",
+            "documents",
+        ] {
+            if let Some(v) = request.get(key) {
+                body.insert(key.into(), v.clone());
+            }
+        }
+        body.entry("add_generation_prompt").or_insert(true.into());
+        body.insert(
+            "add_special_tokens".into(),
+            request
+                .get("add_special_tokens")
+                .cloned()
+                .unwrap_or(false.into()),
+        );
+        self.tokenize(Value::Object(body)).boxed()
+    }
+    fn relay<'a>(&'a self, req: RelayRequest<'a>) -> BoxFuture<'a, Result<SampleStream, ApiError>> {
+        self.relay_impl(req).boxed()
+    }
+    fn kind(&self) -> &'static str {
+        "vllm"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_verify_choices_in_index_order() {
+        let v = json!({"choices": [
+            {"index": 1, "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5], "top_logprobs": [{"token_id:7": -0.5, "token_id:3": -1.5}]}},
+            {"index": 0, "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-0.1], "top_logprobs": null}}
+        ]});
+        let s = parse_verify_response(&v, 2, true).expect("parses");
+        assert_eq!(s[0].id, 5);
+        assert_eq!(s[1].id, 7);
+        assert_eq!(s[1].top, vec![(7, -0.5), (3, -1.5)]);
+        assert!(parse_verify_response(&v, 3, false).is_err());
+        assert!(parse_verify_response(&json!({"x": 1}), 1, false).is_err());
+    }
+}

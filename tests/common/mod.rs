@@ -1,0 +1,253 @@
+//! Shared test harness: the real vLLM upstream (started once per machine by
+//! scripts/vllm-cpu-upstream.sh, reused across test processes) and specd processes on
+//! port 0, whose bound address is read from their output.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// URL of the real vLLM test upstream (`SPECD_TEST_UPSTREAM`, or started by the script).
+pub fn upstream() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(u) = std::env::var("SPECD_TEST_UPSTREAM") {
+            return u;
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = Command::new("bash")
+            .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
+            .arg("start")
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/vllm-cpu-upstream.sh");
+        assert!(out.status.success(), "the vLLM test upstream did not start");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("UPSTREAM="))
+            .expect("script prints UPSTREAM=")
+            .trim()
+            .to_string()
+    })
+    .clone()
+}
+
+pub struct Specd {
+    pub child: Child,
+    pub url: String,
+    pub admin_url: Option<String>,
+}
+
+impl Drop for Specd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Specd {
+    /// Start specd in front of `upstream` with extra flags; wait until it listens.
+    pub fn start(upstream: &str, extra: &[&str]) -> Specd {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_specd"))
+            .args([
+                "serve",
+                "--upstream",
+                upstream,
+                "--listen",
+                "127.0.0.1:0",
+                "--health-interval",
+                "0.2",
+            ])
+            .args(extra)
+            .env(
+                "SPECD_LOG",
+                std::env::var("SPECD_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn specd");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("listening on http://") {
+                    let _ = tx.send(line.clone());
+                }
+                if std::env::var("SPECD_TEST_VERBOSE").is_ok() {
+                    eprintln!("[specd] {line}");
+                }
+            }
+        });
+        let mut url = None;
+        let mut admin_url = None;
+        let want_admin = extra.contains(&"--metrics-listen");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while url.is_none() || (want_admin && admin_url.is_none()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .expect("specd did not report its address");
+            let addr = line
+                .split("listening on ")
+                .nth(1)
+                .expect("address")
+                .trim()
+                .to_string();
+            if line.contains("admin") {
+                admin_url = Some(addr);
+            } else {
+                url = Some(addr);
+            }
+        }
+        Specd {
+            child,
+            url: url.unwrap_or_default(),
+            admin_url,
+        }
+    }
+
+    /// Start and wait for `/readyz`.
+    pub async fn start_ready(upstream: &str, extra: &[&str]) -> Specd {
+        let s = Specd::start(upstream, extra);
+        s.wait_ready(Duration::from_secs(60)).await;
+        s
+    }
+
+    pub fn admin(&self) -> &str {
+        self.admin_url.as_deref().unwrap_or(&self.url)
+    }
+
+    pub async fn wait_ready(&self, timeout: Duration) {
+        let c = client();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(r) = c.get(format!("{}/readyz", self.admin())).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "specd not ready in time");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(format!("{}/metrics", self.admin()))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    static C: OnceLock<reqwest::Client> = OnceLock::new();
+    C.get_or_init(|| {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .expect("client")
+    })
+    .clone()
+}
+
+pub async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// POST with `stream: true`; returns the decoded `data:` payloads (without `[DONE]`) and
+/// whether `[DONE]` arrived.
+pub async fn post_stream(base: &str, path: &str, body: &Value) -> (u16, Vec<Value>, bool) {
+    let r = client()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    let mut events = Vec::new();
+    let mut done = false;
+    for ev in text.split("\n\n") {
+        for line in ev.lines() {
+            if let Some(d) = line.strip_prefix("data: ") {
+                if d == "[DONE]" {
+                    done = true;
+                } else if let Ok(v) = serde_json::from_str(d) {
+                    events.push(v);
+                }
+            }
+        }
+    }
+    (status, events, done)
+}
+
+/// Concatenated text of streamed chunks (completions `text` or chat `delta.content`).
+pub fn stream_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter_map(|e| e.pointer("/choices/0"))
+        .map(|c| {
+            c.get("text")
+                .and_then(Value::as_str)
+                .or_else(|| c.pointer("/delta/content").and_then(Value::as_str))
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect()
+}
+
+/// Token ids from a response made with `return_tokens_as_token_ids` (completions logprobs
+/// `tokens`, or chat `logprobs.content[].token`), streamed or not.
+pub fn token_ids(v: &Value) -> Vec<u32> {
+    let mut out = Vec::new();
+    let choice = v.pointer("/choices/0").cloned().unwrap_or(Value::Null);
+    if let Some(toks) = choice.pointer("/logprobs/tokens").and_then(Value::as_array) {
+        out.extend(
+            toks.iter()
+                .filter_map(|t| t.as_str()?.strip_prefix("token_id:")?.parse::<u32>().ok()),
+        );
+    }
+    if let Some(content) = choice
+        .pointer("/logprobs/content")
+        .and_then(Value::as_array)
+    {
+        out.extend(content.iter().filter_map(|t| {
+            t.get("token")?
+                .as_str()?
+                .strip_prefix("token_id:")?
+                .parse::<u32>()
+                .ok()
+        }));
+    }
+    out
+}
+
+pub fn model_name() -> String {
+    std::env::var("SPECD_TEST_MODEL").unwrap_or_else(|_| "specd-target".into())
+}
+
+pub fn completion(prompt: Value, max_tokens: u32) -> Value {
+    json!({"model": model_name(), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+           "logprobs": 0, "return_tokens_as_token_ids": true})
+}
