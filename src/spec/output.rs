@@ -31,11 +31,15 @@ pub fn new_id(endpoint: Endpoint) -> String {
     )
 }
 
-pub fn usage(stats: &Stats) -> Value {
-    json!({
+/// `usage` as vLLM writes it (the streamed usage chunk has no `*_details` fields), plus
+/// specd's `speculation` object.
+pub fn usage(stats: &Stats, streamed: bool) -> Value {
+    let mut u = json!({
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "prompt_tokens_details": null,
+        "completion_tokens_details": null,
         "speculation": {
             "mode": stats.mode,
             "drafter": stats.drafter,
@@ -45,7 +49,14 @@ pub fn usage(stats: &Stats) -> Value {
             "relay_tokens": stats.relay_tokens,
             "switches": stats.switches,
         }
-    })
+    });
+    if streamed {
+        if let Some(o) = u.as_object_mut() {
+            o.remove("prompt_tokens_details");
+            o.remove("completion_tokens_details");
+        }
+    }
+    u
 }
 
 impl Shape {
@@ -148,7 +159,7 @@ impl Shape {
             Endpoint::Completions => "text_completion",
             Endpoint::Chat => "chat.completion.chunk",
         };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(stats)})
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(stats, true)})
     }
 
     /// A whole (non-streamed) response.
@@ -158,13 +169,13 @@ impl Shape {
             Endpoint::Completions => json!({
                 "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": fr, "stop_reason": sr, "prompt_logprobs": null}],
-                "usage": usage(stats)
+                "usage": usage(stats, false)
             }),
             Endpoint::Chat => json!({
                 "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
                     "logprobs": logprobs, "finish_reason": fr, "stop_reason": sr}],
-                "usage": usage(stats)
+                "usage": usage(stats, false)
             }),
         }
     }
