@@ -30,7 +30,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LOG_PREFIX=prometheus-check
-# shellcheck source=../deploy/local/lib.sh
+# shellcheck source=deploy/local/lib.sh
 source "$ROOT/deploy/local/lib.sh"
 
 SPECD=${SPECD_URL:-}
