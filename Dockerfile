@@ -8,7 +8,7 @@
 #
 # cargo-chef builds the dependencies from a recipe of the manifests in their own layer,
 # so a change to specd's sources rebuilds only specd. Both images run as a non-root user
-# and listen on 0.0.0.0:8080 (override with SPECD_LISTEN or --listen).
+# and listen on 0.0.0.0:8100 (override with SPECD_LISTEN or --listen).
 # Build with BuildKit (the default builder): it skips the stages a target does not need.
 
 ARG RUST_VERSION=1.95
@@ -68,8 +68,8 @@ RUN groupadd --system --gid 10001 specd \
     && useradd --system --uid 10001 --gid specd --no-create-home --shell /usr/sbin/nologin specd
 COPY --from=cuda-builder /src/target/release/specd /usr/local/bin/specd
 USER 10001:10001
-ENV SPECD_LISTEN=0.0.0.0:8080
-EXPOSE 8080
+ENV SPECD_LISTEN=0.0.0.0:8100
+EXPOSE 8100
 ENTRYPOINT ["/usr/local/bin/specd"]
 CMD ["serve"]
 
@@ -78,7 +78,7 @@ FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
 COPY --from=builder /src/target/release/specd /usr/local/bin/specd
 # distroless "nonroot" user
 USER 65532:65532
-ENV SPECD_LISTEN=0.0.0.0:8080
-EXPOSE 8080
+ENV SPECD_LISTEN=0.0.0.0:8100
+EXPOSE 8100
 ENTRYPOINT ["/usr/local/bin/specd"]
 CMD ["serve"]

@@ -9,6 +9,7 @@
 # docker-compose and shellcheck. Exit status 0 only if every check passed.
 # shellcheck disable=SC2016 # bash -c snippets expand their own positional arguments
 set -uo pipefail
+export PYTHONDONTWRITEBYTECODE=1
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LOG_PREFIX=lint-deploy
@@ -114,8 +115,13 @@ check "helm/specd/dashboards/specd.json is identical to dashboards/specd.json" \
 check "every dashboard expression parses (promtool check rules)" \
     bash -c '"$1" scripts/dashboard_metrics.py rules "$2/rules.yml" && promtool check rules "$2/rules.yml"' \
     _ "$PYTHON" "$OUT"
-check "python scripts compile" "$PYTHON" -m py_compile scripts/dashboard_metrics.py \
-    scripts/render_dashboard.py dashboards/build_specd.py
+check "python scripts parse" "$PYTHON" -c 'import ast, sys
+for f in sys.argv[1:]:
+    ast.parse(open(f).read(), f)' scripts/dashboard_metrics.py scripts/render_dashboard.py \
+    dashboards/build_specd.py tests/python/test_dashboard_check.py tests/python/test_dashboard_local_stack.py
+check "scripts are executable" bash -c 'for f in "$@"; do [[ -x $f ]] || { echo "$f is not executable"; exit 1; }; done' _ \
+    scripts/lint-deploy.sh scripts/prometheus-check.sh scripts/dashboard_metrics.py scripts/render_dashboard.py \
+    dashboards/build_specd.py deploy/local/up.sh deploy/local/down.sh deploy/local/load.sh
 
 echo "== shell"
 check "shellcheck" shellcheck -x scripts/lint-deploy.sh scripts/prometheus-check.sh \
@@ -162,7 +168,7 @@ ds = yaml.safe_load((path.parent / "grafana/provisioning/datasources/prometheus.
 assert ds["datasources"][0]["url"] == "http://prometheus:9090"
 prom = yaml.safe_load((path.parent / "prometheus.yml").read_text())
 targets = [t for j in prom["scrape_configs"] for c in j["static_configs"] for t in c["targets"]]
-assert "specd:8080" in targets, targets
+assert "specd:8100" in targets, targets
 EOF
 
 echo "== helm chart"

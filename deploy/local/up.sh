@@ -4,10 +4,15 @@
 # specd; Grafana too when a grafana-server binary is installed. Everything listens on
 # 127.0.0.1. Stop it all with deploy/local/down.sh.
 #
-#   deploy/local/up.sh [--upstream URL] [-- SPECD_SERVE_ARGS...]
+#   deploy/local/up.sh [--upstream URL] [--no-prometheus] [-- SPECD_SERVE_ARGS...]
 #
-#   --upstream URL   use a running OpenAI-compatible server instead of starting vLLM
-#   after --         extra arguments for `specd serve` (e.g. --drafter suffix)
+#   --upstream URL    use a running OpenAI-compatible server instead of starting vLLM
+#   --no-prometheus   start only the upstream and specd (and no Grafana)
+#   after --          extra arguments for `specd serve` (e.g. --drafter suffix)
+#
+# The URLs are also written to STATE/env (UPSTREAM_URL, SPECD_URL, METRICS_URL,
+# PROMETHEUS_URL, GRAFANA_URL lines), for scripts:
+#   SPECD_URL=$(sed -n 's/^SPECD_URL=//p' ~/.cache/specd/run/local/env)
 #
 # Environment: SPECD_LOCAL_STATE (state dir, default ~/.cache/specd/run/local),
 # SPECD_BIN (specd binary; default target/release/specd, built when missing),
@@ -23,9 +28,11 @@ STATE=${SPECD_LOCAL_STATE:-$HOME/.cache/specd/run/local}
 UPSTREAM=${SPECD_UPSTREAM:-}
 SCRAPE=${SPECD_SCRAPE_INTERVAL:-2s}
 EXTRA=()
+WITH_PROMETHEUS=1
 while (($#)); do
     case $1 in
     --upstream) UPSTREAM=$2; shift 2 ;;
+    --no-prometheus) WITH_PROMETHEUS=0; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (specd arguments go after --)" ;;
@@ -80,7 +87,8 @@ deadline=$((SECONDS + 60))
 SPECD_URL=""
 while ((SECONDS < deadline)); do
     kill -0 "$SPECD_PID" 2>/dev/null || { tail -n 20 "$STATE/specd.log" >&2; die "specd exited"; }
-    SPECD_URL=$(sed -n 's/.*specd listening on \(http:\/\/[0-9.:]*\).*/\1/p' "$STATE/specd.log" | head -n1)
+    # "specd api listening on http://ADDR" (an admin listener, if any, prints "admin")
+    SPECD_URL=$(sed -n 's/.*specd \(api \)\{0,1\}listening on \(http:\/\/[0-9.:]*\).*/\2/p' "$STATE/specd.log" | head -n1)
     [[ -n $SPECD_URL ]] && break
     sleep 0.1
 done
@@ -93,18 +101,24 @@ until curl -sf -o /dev/null --max-time 5 "$SPECD_URL/readyz"; do
     sleep 0.2
 done
 log "specd ready at $SPECD_URL"
+# With --metrics-listen, /metrics is served by the admin listener.
+METRICS_URL=$(sed -n 's/.*specd admin listening on \(http:\/\/[0-9.:]*\).*/\1/p' "$STATE/specd.log" | head -n1)
+METRICS_URL=${METRICS_URL:-$SPECD_URL}
+record METRICS_URL "$METRICS_URL"
 
 # 3. Prometheus
-ensure_prometheus
-start_prometheus "$STATE/prometheus" "$(url_hostport "$SPECD_URL")" "$SCRAPE" /metrics specd
-record PROMETHEUS_PID "$PROM_PID"
-record PROMETHEUS_URL "$PROM_URL"
-wait_for_scrape "$PROM_URL" 0 60 || die "Prometheus cannot scrape specd"
-log "Prometheus at $PROM_URL scrapes specd every $SCRAPE"
+if ((WITH_PROMETHEUS)); then
+    ensure_prometheus
+    start_prometheus "$STATE/prometheus" "$(url_hostport "$METRICS_URL")" "$SCRAPE" /metrics specd
+    record PROMETHEUS_PID "$PROM_PID"
+    record PROMETHEUS_URL "$PROM_URL"
+    wait_for_scrape "$PROM_URL" 0 60 || die "Prometheus cannot scrape specd"
+    log "Prometheus at $PROM_URL scrapes specd every $SCRAPE"
+fi
 
 # 4. Grafana, only where it is installed (it is not packaged by Debian).
 GRAFANA_BIN=$(command -v grafana-server || command -v grafana || true)
-if [[ -n $GRAFANA_BIN ]]; then
+if ((WITH_PROMETHEUS)) && [[ -n $GRAFANA_BIN ]]; then
     g=$STATE/grafana
     mkdir -p "$g/provisioning/datasources" "$g/provisioning/dashboards" "$g/data" "$g/logs" \
         "$g/provisioning/plugins" "$g/provisioning/alerting"
@@ -138,14 +152,15 @@ cat <<EOF
 specd local stack is up (state in $STATE):
   upstream    $UPSTREAM
   specd       $SPECD_URL        (metrics: $SPECD_URL/metrics, readiness: $SPECD_URL/readyz)
-  Prometheus  $PROM_URL
+  Prometheus  ${PROM_URL:-not started}
   Grafana     ${GRAFANA_URL:-not installed: draw the dashboard with scripts/render_dashboard.py}
 
 Try it:
   curl -sN $SPECD_URL/v1/completions -H 'content-type: application/json' \\
     -d '{"model": "$MODEL", "prompt": "1 2 3 4 5 6 7 8", "max_tokens": 32, "stream": true}'
   deploy/local/load.sh $SPECD_URL
-  scripts/render_dashboard.py --prometheus $PROM_URL --start -10m --out dashboard.png
+  scripts/render_dashboard.py --prometheus ${PROM_URL:-PROMETHEUS_URL} --start -10m --out dashboard.png
+  scripts/prometheus-check.sh --specd $SPECD_URL --metrics $METRICS_URL/metrics --load deploy/local/load.sh
 Stop it:
   deploy/local/down.sh
 EOF
