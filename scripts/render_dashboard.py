@@ -338,7 +338,8 @@ def render(args):
     print(f"wrote {args.out} ({len(panels)} panels)", file=sys.stderr)
     if src.missing:
         print("panels without data: " + ", ".join(src.missing), file=sys.stderr)
-    return 0
+    drawn = [p for p in panels if p["type"] != "row"]
+    return 1 if len(src.missing) >= len(drawn) else 0
 
 
 def main():
