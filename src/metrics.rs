@@ -109,6 +109,7 @@ impl Metrics {
             let pc = prometheus::process_collector::ProcessCollector::for_self();
             let _ = m.registry.register(Box::new(pc));
         }
+        m.init_series();
         m.build_info
             .with_label_values(&[
                 env!("CARGO_PKG_VERSION"),
@@ -116,6 +117,34 @@ impl Metrics {
             ])
             .set(1);
         m
+    }
+
+    /// Create the series of bounded label sets at zero, so dashboards and alerts see
+    /// "0 errors" rather than "no data" before the first event.
+    fn init_series(&self) {
+        for k in ["connect", "timeout", "status", "protocol"] {
+            self.upstream_errors.with_label_values(&[k]);
+        }
+        for r in [
+            "bad_request",
+            "too_large",
+            "overloaded",
+            "unauthorized",
+            "draining",
+        ] {
+            self.rejected.with_label_values(&[r]);
+        }
+        for o in ["hit", "miss"] {
+            self.draft_overlap.with_label_values(&[o]);
+        }
+        for (a, b) in [("relay", "speculate"), ("speculate", "relay")] {
+            self.mode_switches.with_label_values(&[a, b]);
+        }
+        for m in ["passthrough", "speculate", "relay"] {
+            self.active_streams.with_label_values(&[m]);
+            self.output_tokens.with_label_values(&[m]);
+            self.mode_seconds.with_label_values(&[m]);
+        }
     }
 
     /// Prometheus text exposition of every registered metric.
@@ -137,5 +166,39 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric the Grafana dashboard queries is registered here (the dashboard
+    /// cannot drift from the code).
+    #[test]
+    fn dashboard_metrics_are_emitted() {
+        let m = Metrics::new();
+        let mut known: Vec<String> = m.names().to_vec();
+        known.extend(m.registry.gather().iter().map(|f| f.name().to_string()));
+        let used = include_str!("../dashboards/metrics.txt");
+        let missing: Vec<&str> = used
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .filter(|l| !known.iter().any(|k| k == l))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "dashboard uses metrics specd does not emit: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn exposition_has_help_and_bounded_series() {
+        let m = Metrics::new();
+        let text = m.render();
+        assert!(text.contains("# HELP specd_upstream_errors_total"));
+        assert!(text.contains("specd_upstream_errors_total{kind=\"connect\"} 0"));
+        assert!(text.contains("specd_build_info{"));
     }
 }
