@@ -69,7 +69,7 @@ fn on_upstream(st: &Shared, info: &UpstreamInfo) {
     let Some(root) = &info.root else { return };
     match ModelTokenizer::load(std::path::Path::new(root)) {
         Ok(t) => {
-            tracing::info!(path = %t.path.display(), eos = ?t.eos_ids, "tokenizer loaded from the upstream's model directory");
+            tracing::info!(path = %t.path.display(), eos = ?t.eos_id, extra_eos = ?t.extra_eos_ids, "tokenizer loaded from the upstream's model directory");
             if let Ok(mut g) = st.tokenizer.write() {
                 *g = Some(Arc::new(t));
             }

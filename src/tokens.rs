@@ -14,10 +14,13 @@ pub enum TokenError {
     Load(PathBuf, String),
 }
 
-/// The upstream model's tokenizer plus the ids that end generation.
+/// The upstream model's tokenizer plus the ids that end generation, split the way vLLM
+/// splits them: the tokenizer's EOS, and further `generation_config` EOS ids, which act as
+/// stop token ids (so they are reported as `stop_reason`).
 pub struct ModelTokenizer {
     pub tokenizer: Tokenizer,
-    pub eos_ids: Vec<u32>,
+    pub eos_id: Option<u32>,
+    pub extra_eos_ids: Vec<u32>,
     pub vocab_size: usize,
     pub path: PathBuf,
 }
@@ -39,28 +42,37 @@ impl ModelTokenizer {
         }
         let tokenizer = Tokenizer::from_file(&file)
             .map_err(|e| TokenError::Load(file.clone(), e.to_string()))?;
-        let mut eos_ids = Vec::new();
-        for name in ["generation_config.json", "config.json"] {
-            if let Some(v) = read_json(&dir.join(name)) {
-                collect_ids(v.get("eos_token_id"), &mut eos_ids);
-            }
-        }
-        if let Some(v) = read_json(&dir.join("tokenizer_config.json")) {
-            let eos = v.get("eos_token").and_then(|e| {
+        let mut eos_id = read_json(&dir.join("tokenizer_config.json"))
+            .and_then(|v| {
+                let e = v.get("eos_token")?;
                 e.as_str()
                     .map(str::to_string)
                     .or_else(|| e.get("content").and_then(Value::as_str).map(str::to_string))
-            });
-            if let Some(id) = eos.and_then(|t| tokenizer.token_to_id(&t)) {
-                if !eos_ids.contains(&id) {
-                    eos_ids.push(id);
-                }
-            }
+            })
+            .and_then(|t| tokenizer.token_to_id(&t));
+        let mut gen_ids = Vec::new();
+        collect_ids(
+            read_json(&dir.join("generation_config.json"))
+                .as_ref()
+                .and_then(|v| v.get("eos_token_id")),
+            &mut gen_ids,
+        );
+        if eos_id.is_none() {
+            let mut cfg = Vec::new();
+            collect_ids(
+                read_json(&dir.join("config.json"))
+                    .as_ref()
+                    .and_then(|v| v.get("eos_token_id")),
+                &mut cfg,
+            );
+            eos_id = cfg.first().copied().or_else(|| gen_ids.first().copied());
         }
+        let extra_eos_ids = gen_ids.into_iter().filter(|&i| Some(i) != eos_id).collect();
         let vocab_size = tokenizer.get_vocab_size(true);
         Ok(ModelTokenizer {
             tokenizer,
-            eos_ids,
+            eos_id,
+            extra_eos_ids,
             vocab_size,
             path: file,
         })

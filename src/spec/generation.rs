@@ -18,7 +18,10 @@ pub struct Limits {
     pub max_tokens: u32,
     pub max_model_len: u32,
     pub prompt_len: u32,
-    pub eos_ids: Vec<u32>,
+    /// The tokenizer's EOS (ends generation unless `ignore_eos`).
+    pub eos_id: Option<u32>,
+    /// Further EOS ids from generation_config: stop token ids unless `ignore_eos`.
+    pub extra_eos_ids: Vec<u32>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub include_stop_str: bool,
@@ -64,23 +67,27 @@ impl<'t> Generation<'t> {
         self.tokens.push(s);
         let length = self.generated >= self.limits.max_tokens
             || self.limits.prompt_len + self.generated >= self.limits.max_model_len;
-        let mut engine_stop: Option<Finish> = None;
-        if length {
-            engine_stop = Some(Finish {
-                reason: "length",
-                stop_reason: Value::Null,
-            });
-        } else if !self.limits.ignore_eos && self.limits.eos_ids.contains(&id) {
-            engine_stop = Some(Finish {
+        let l = &self.limits;
+        // vLLM's order: EOS, stop token ids, then the length limits.
+        let engine_stop = if !l.ignore_eos && l.eos_id == Some(id) {
+            Some(Finish {
                 reason: "stop",
                 stop_reason: Value::Null,
-            });
-        } else if self.limits.stop_token_ids.contains(&id) {
-            engine_stop = Some(Finish {
+            })
+        } else if l.stop_token_ids.contains(&id) || (!l.ignore_eos && l.extra_eos_ids.contains(&id))
+        {
+            Some(Finish {
                 reason: "stop",
                 stop_reason: Value::from(id),
-            });
-        }
+            })
+        } else if length {
+            Some(Finish {
+                reason: "length",
+                stop_reason: Value::Null,
+            })
+        } else {
+            None
+        };
         // The token that ended generation by EOS/stop id is not rendered as text.
         let stop_terminated = engine_stop.as_ref().is_some_and(|f| f.reason == "stop");
         if !stop_terminated || self.limits.include_stop_str {
@@ -126,5 +133,85 @@ impl Generation<'_> {
         self.text = t;
         tokens.append(&mut self.tokens);
         self.tokens = tokens;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::Tokenizer;
+
+    fn tok() -> Tokenizer {
+        let vocab = [("a", 0), ("b", 1), ("<eos>", 2), ("c", 3), ("<end>", 4)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let wl = WordLevel::builder()
+            .vocab(vocab)
+            .unk_token("a".into())
+            .build()
+            .expect("vocab");
+        Tokenizer::new(wl)
+    }
+
+    fn limits(max_tokens: u32) -> Limits {
+        Limits {
+            max_tokens,
+            max_model_len: 100,
+            prompt_len: 2,
+            eos_id: Some(2),
+            extra_eos_ids: vec![4],
+            stop_token_ids: vec![3],
+            ignore_eos: false,
+            include_stop_str: false,
+        }
+    }
+
+    fn run(l: Limits, stop: Vec<String>, ids: &[u32]) -> (String, u32, Option<Finish>) {
+        let t = tok();
+        let mut g = Generation::new(l, Detokenizer::new(&t, true, &[0, 1]), stop);
+        let mut fin = None;
+        for &i in ids {
+            if let Some(f) = g.push(Sample::id(i)) {
+                fin = Some(f);
+                break;
+            }
+        }
+        if fin.is_none() {
+            g.flush();
+        }
+        (g.take().0, g.generated, fin)
+    }
+
+    #[test]
+    fn eos_wins_over_length_like_vllm() {
+        let (_, n, f) = run(limits(2), vec![], &[0, 2]);
+        assert_eq!(n, 2);
+        assert_eq!(f.expect("finish").reason, "stop");
+        let (_, _, f) = run(limits(2), vec![], &[0, 0]);
+        assert_eq!(f.expect("finish").reason, "length");
+    }
+
+    #[test]
+    fn stop_ids_report_the_id_and_ignore_eos_keeps_going() {
+        let (_, _, f) = run(limits(10), vec![], &[0, 3, 0]);
+        assert_eq!(f.expect("finish").stop_reason, Value::from(3));
+        let (_, _, f) = run(limits(10), vec![], &[0, 4]);
+        assert_eq!(f.expect("finish").stop_reason, Value::from(4));
+        let mut l = limits(3);
+        l.ignore_eos = true;
+        let (_, n, f) = run(l, vec![], &[2, 4, 0, 0]);
+        assert_eq!(n, 3);
+        assert_eq!(f.expect("finish").reason, "length");
+    }
+
+    #[test]
+    fn tokens_after_a_stop_string_are_not_generated() {
+        let (text, n, f) = run(limits(10), vec!["b a".into()], &[0, 1, 0, 0, 0]);
+        let f = f.expect("finish");
+        assert_eq!((f.reason, f.stop_reason), ("stop", Value::from("b a")));
+        assert_eq!(n, 3);
+        assert!(!text.contains("b a"), "{text}");
     }
 }

@@ -170,6 +170,8 @@ fn unsupported_reason(m: &Map<String, Value>, endpoint: Endpoint) -> Option<&'st
         "lora_request",
         "vllm_xargs",
         "kv_transfer_params",
+        "repetition_detection",
+        "thinking_token_budget",
     ] {
         if m.get(k).is_some_and(|v| !v.is_null()) {
             return Some("unsupported_param");
