@@ -98,7 +98,9 @@ async fn sampled_tokens_follow_the_targets_distribution() {
     let prompt = "def accumulate(values, weight):\n    total = 0\n";
     let (_, greedy) = post(&up, "/v1/completions", &completion(json!(prompt), 2)).await;
     let draft = token_ids(&greedy);
-    for (temp, top_p) in [(1.0, 1.0), (0.7, 0.9)] {
+    // The random-weight test target has near-uniform logits: only at low temperature does
+    // its distribution concentrate on few enough token pairs for 2x300 samples to have power.
+    for (temp, top_p) in [(0.05, 1.0), (0.04, 0.8)] {
         let mut body = completion(json!(prompt), 2);
         body["temperature"] = json!(temp);
         body["top_p"] = json!(top_p);
