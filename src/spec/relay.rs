@@ -46,6 +46,7 @@ impl Loop<'_> {
         let start = Instant::now();
         let ctl = self.d.controller.clone();
         let load = ctl.load();
+        let _relaying = ctl.relaying();
         let max_tokens = gen.remaining();
         let mut stream = self
             .d

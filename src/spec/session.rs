@@ -359,7 +359,7 @@ impl Loop<'_> {
             }
         };
         let proposal = cut(proposal, k);
-        let load = self.d.controller.load();
+        let spec = self.d.controller.speculating();
         let overlap = k > 0 && self.d.drafter.wants_overlap();
         let t = Instant::now();
         let (res, pre) = self.verify(&proposal.tokens, overlap).await;
@@ -371,7 +371,7 @@ impl Loop<'_> {
             .with_label_values(&[self.d.backend.kind()])
             .observe(dt.as_secs_f64());
         let samples = res?;
-        self.d.controller.record_verify(k, load, dt);
+        self.d.controller.record_verify(k, spec, dt);
         if samples.len() != k + 1 {
             return Err(ApiError::UpstreamProtocol(format!(
                 "verify returned {} samples for {} prompts",

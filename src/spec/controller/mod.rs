@@ -7,40 +7,56 @@
 //! A verify round with the first k drafts yields on average
 //!
 //! ```text
-//! E(k) = 1 + Σ_{i=1..k} Π_{j=1..i} p_j        tokens, in  T_draft + T_ver(k, load)  seconds,
+//! E(k) = 1 + Σ_{i=1..k} Π_{j=1..i} p_j   tokens, in   T(k) = T_draft + T_ver(k)   seconds,
 //! ```
 //!
-//! while plain decoding yields 1 / T_dec(load) tokens per second. The controller picks
-//! k* = argmax_{1≤k≤K} E(k) / (T_draft + T_ver(k)). In `auto` a stream relays when that
-//! rate is below 1 / T_dec, and comes back from relay when a round at k* saves more time
-//! than it costs to restart a relay afterwards (restart latency − T_dec), spread over the
-//! speculation rounds such an excursion typically lasts. `on` verifies whatever the drafter
-//! proposed (up to the request's K). Seeded sampled requests never relay (a relay segment
-//! uses one random stream for many positions, so where it starts would change the
-//! output); they choose among k = 0..K, k = 0 being one plain token through a verify call.
+//! while plain decoding yields one token per T_dec. A verify pass is an extend step, and
+//! on a batching server it also slows the steps of every stream decoding beside it; that
+//! loss, L(k) = others × (T_ver(k) − T_dec) / (streams verifying at once), is charged to
+//! the round in tokens of plain decoding. The controller picks
+//!
+//! ```text
+//! k* = argmax_k  (E(k) − L(k)/T_dec) / T(k),     speedup = (E(k*) − L(k*)/T_dec) · T_dec / T(k*)
+//! ```
+//!
+//! In `auto` a speculating stream relays when the speedup is below 1. A relaying stream
+//! comes back when a round at k* saves time (E·T_dec − L − T > 0) and that saving, times
+//! the rounds a speculation excursion of this drafter typically lasts, exceeds the extra
+//! cost of restarting a relay afterwards (relay first-token latency − T_dec). `on`
+//! verifies whatever the drafter proposed, up to the request's K. Seeded sampled requests
+//! never relay (a relay segment draws many positions from one random stream, so where it
+//! starts would change the output); they choose among k = 0..K, k = 0 being one plain
+//! token through a verify call.
 //!
 //! # The estimates (shared by all streams of the upstream)
-//! - T_dec and the relay restart latency, per load level, from relay segments (gap between
-//!   tokens; first-token latency).
-//! - T_ver(k), per load level and k, from every verify call. Missing k are interpolated
-//!   from measured ones; a missing load level borrows its nearest neighbour's, scaled by
-//!   the ratio of their decode costs.
+//! - T_dec and the relay restart latency, by the number of active streams, from relay
+//!   segments (gap between tokens; first-token latency).
+//! - T_ver(k), by the number of streams speculating at once, from every verify call.
+//!   Missing k are interpolated from measured ones; a missing level borrows the nearest.
 //! - T_draft per drafter (times the share of drafts hidden behind verify calls by overlap).
 //! - Acceptance: per drafter, a calibration of its confidences (by position group and
 //!   confidence decile, with the confidence itself as the prior), plus a per-stream
 //!   residual that tracks how this stream deviates from it right now. Observations come
 //!   from verify rounds and, while relaying, from checking shadow proposals against the
 //!   tokens the upstream streams back — so acceptance stays fresh in both modes.
+//! - "Others" are this server's relaying streams and passthrough requests.
 //!
-//! Load is the number of specd streams speculating or relaying, bucketed by powers of two.
-//! Estimates go stale: when a level's decode cost is older than the probe interval, one
-//! speculating stream relays a few tokens to re-measure it; when its verify cost is stale,
-//! one relaying stream runs a verify round if an optimistic estimate says it could pay.
-//! A few rounds try another K than the best (`explore`), so neighbouring K stay measured.
+//! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
+//! the probe interval, one speculating stream relays a few tokens to re-measure it; when
+//! its verify cost is stale, one relaying stream runs a verify round if an optimistic
+//! estimate says it could pay. A few rounds try another K than the best (`explore`), so
+//! neighbouring K stay measured.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod estimates;
+#[cfg(test)]
+mod tests;
+
+pub use estimates::expected_tokens;
+use estimates::{drafter_index, level_of, Costs, DrafterStats, Level};
 
 use crate::config::SpecMode;
 use crate::draft::Proposal;
@@ -81,133 +97,6 @@ impl Default for ControllerConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Ewma {
-    v: f64,
-    n: u32,
-    at: Option<Instant>,
-}
-
-impl Ewma {
-    fn add(&mut self, x: f64, floor: f64) {
-        self.n = self.n.saturating_add(1);
-        let a = (1.0 / f64::from(self.n)).max(floor);
-        self.v += a * (x - self.v);
-        self.at = Some(Instant::now());
-    }
-    fn get(&self) -> Option<f64> {
-        (self.n > 0).then_some(self.v)
-    }
-    fn stale(&self, max_age: Duration) -> bool {
-        self.at.is_none_or(|t| t.elapsed() > max_age)
-    }
-}
-
-#[derive(Default, Clone, Copy)]
-struct Level {
-    dec: Ewma,
-    restart: Ewma,
-    ver: [Ewma; K_TRACKED + 1],
-    dec_probe: Option<Instant>,
-    ver_probe: Option<Instant>,
-}
-
-impl Level {
-    fn has_ver(&self) -> bool {
-        self.ver.iter().any(|e| e.n > 0)
-    }
-    /// T_ver(k) from this level's measurements: measured, interpolated, or extrapolated.
-    fn ver_at(&self, k: usize) -> Option<f64> {
-        let k = k.min(K_TRACKED);
-        if let Some(v) = self.ver[k].get() {
-            return Some(v);
-        }
-        let below = (0..k).rev().find(|&i| self.ver[i].n > 0);
-        let above = (k + 1..=K_TRACKED).find(|&i| self.ver[i].n > 0);
-        let at = |i: usize| self.ver[i].v;
-        match (below, above) {
-            (Some(a), Some(b)) => {
-                let t = (k - a) as f64 / (b - a) as f64;
-                Some(at(a) + t * (at(b) - at(a)))
-            }
-            (Some(a), None) | (None, Some(a)) => {
-                // Slope from a second measured point on the same side, else a mild prior
-                // (3 % of the cost per extra draft token); never decreasing with k.
-                let second = if a < k {
-                    (0..a).rev().find(|&i| self.ver[i].n > 0)
-                } else {
-                    (a + 1..=K_TRACKED).find(|&i| self.ver[i].n > 0)
-                };
-                let slope = match second {
-                    Some(b) => ((at(a) - at(b)) / (a as f64 - b as f64)).max(0.0),
-                    None => 0.03 * at(a),
-                };
-                Some((at(a) + slope * (k as f64 - a as f64)).max(0.5 * at(a)))
-            }
-            (None, None) => None,
-        }
-    }
-}
-
-/// Per-drafter acceptance calibration and costs.
-#[derive(Clone, Copy)]
-struct DrafterStats {
-    rate: [[f64; 10]; 4],
-    n: [[u32; 10]; 4],
-    draft: Ewma,
-    overlap_hit: Ewma,
-    /// Rounds per speculation excursion (between relays).
-    excursion: Ewma,
-}
-
-impl Default for DrafterStats {
-    fn default() -> Self {
-        DrafterStats {
-            rate: [[0.0; 10]; 4],
-            n: [[0; 10]; 4],
-            draft: Ewma::default(),
-            overlap_hit: Ewma::default(),
-            excursion: Ewma::default(),
-        }
-    }
-}
-
-fn cell(pos: usize, conf: f32) -> (usize, usize) {
-    let g = pos.min(3);
-    let b = ((conf.clamp(0.0, 1.0) * 10.0) as usize).min(9);
-    (g, b)
-}
-
-impl DrafterStats {
-    fn calibrated(&self, pos: usize, conf: f32) -> f64 {
-        let (g, b) = cell(pos, conf);
-        let n = f64::from(self.n[g][b]);
-        (n * self.rate[g][b] + 2.0 * f64::from(conf.clamp(0.0, 1.0))) / (n + 2.0)
-    }
-    fn learn(&mut self, pos: usize, conf: f32, accepted: bool) {
-        let (g, b) = cell(pos, conf);
-        self.n[g][b] = self.n[g][b].saturating_add(1);
-        let a = (1.0 / f64::from(self.n[g][b])).max(0.01);
-        self.rate[g][b] += a * (f64::from(u8::from(accepted)) - self.rate[g][b]);
-    }
-}
-
-fn drafter_index(label: &str) -> usize {
-    match label {
-        "ngram" => 0,
-        "suffix" => 1,
-        "model" => 2,
-        "oracle" => 3,
-        "adversarial" => 4,
-        _ => 5,
-    }
-}
-
-fn level_of(load: usize) -> usize {
-    let n = load.max(1);
-    ((usize::BITS - (n - 1).leading_zeros()) as usize).min(LEVELS - 1)
-}
-
 /// One stream's controller state (owned by its loop).
 pub struct StreamCtl {
     /// Observed minus predicted acceptance, smoothed: how this stream deviates now.
@@ -242,6 +131,7 @@ pub struct Controller {
     levels: Mutex<[Level; LEVELS]>,
     drafters: Mutex<[DrafterStats; DRAFTERS]>,
     active: AtomicUsize,
+    relaying: AtomicUsize,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -251,17 +141,6 @@ impl Default for Controller {
     }
 }
 
-/// E(k) for acceptance estimates p (k ≤ p.len()).
-pub fn expected_tokens(p: &[f64], k: usize) -> f64 {
-    let mut cum = 1.0;
-    let mut e = 1.0;
-    for &x in p.iter().take(k) {
-        cum *= x;
-        e += cum;
-    }
-    e
-}
-
 impl Controller {
     pub fn new(cfg: ControllerConfig, metrics: Option<Arc<Metrics>>) -> Self {
         Controller {
@@ -269,6 +148,7 @@ impl Controller {
             levels: Mutex::new([Level::default(); LEVELS]),
             drafters: Mutex::new([DrafterStats::default(); DRAFTERS]),
             active: AtomicUsize::new(0),
+            relaying: AtomicUsize::new(0),
             metrics,
         }
     }
@@ -282,6 +162,13 @@ impl Controller {
         self.active.load(Ordering::Relaxed)
     }
 
+    /// Streams in speculation right now (at least 1: the caller).
+    pub fn speculating(&self) -> usize {
+        self.load()
+            .saturating_sub(self.relaying.load(Ordering::Relaxed))
+            .max(1)
+    }
+
     fn with_level<R>(&self, load: usize, f: impl FnOnce(&mut Level) -> R) -> Option<R> {
         let mut g = self.levels.lock().ok()?;
         Some(f(&mut g[level_of(load)]))
@@ -292,8 +179,9 @@ impl Controller {
         Some(f(&mut g[drafter_index(label)]))
     }
 
-    pub fn record_verify(&self, k: usize, load: usize, dt: Duration) {
-        let v = self.with_level(load, |l| {
+    /// A verify call of k drafts while `spec` streams (this one included) speculated.
+    pub fn record_verify(&self, k: usize, spec: usize, dt: Duration) {
+        let v = self.with_level(spec, |l| {
             let e = &mut l.ver[k.min(K_TRACKED)];
             e.add(dt.as_secs_f64(), COST_ALPHA);
             e.v
@@ -364,44 +252,56 @@ impl Controller {
         .unwrap_or_default()
     }
 
-    /// Costs at the current load: (T_dec, relay restart, T_ver for k = 0..=kmax, stale flags).
-    fn costs(&self, load: usize, kmax: usize) -> Costs {
+    /// Streams of this server decoding plainly besides the caller: relaying streams (less
+    /// the caller when it relays) and passthrough requests.
+    fn others_decoding(&self, self_relaying: bool) -> usize {
+        let relay = self
+            .relaying
+            .load(Ordering::Relaxed)
+            .saturating_sub(usize::from(self_relaying));
+        let pass = self.metrics.as_ref().map_or(0, |m| {
+            m.active_streams
+                .with_label_values(&["passthrough"])
+                .get()
+                .max(0) as usize
+        });
+        relay + pass
+    }
+
+    /// Costs: T_dec and relay restart at `load` streams, T_ver(k) with `spec` streams
+    /// speculating at once (k = 0..=kmax), and whether they are stale.
+    fn costs(&self, load: usize, spec: usize, kmax: usize) -> Costs {
         let Ok(g) = self.levels.lock() else {
             return Costs::default();
         };
-        let me = level_of(load);
-        let nearest = |has: &dyn Fn(&Level) -> bool| {
+        let nearest = |me: usize, has: &dyn Fn(&Level) -> bool| {
             (0..LEVELS)
                 .filter(|&i| has(&g[i]))
                 .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
         };
-        let dec_at = nearest(&|l: &Level| l.dec.n > 0);
-        let dec = dec_at.map(|i| g[i].dec.v);
-        let restart = nearest(&|l: &Level| l.restart.n > 0).map(|i| g[i].restart.v);
-        let ver_at = nearest(&|l: &Level| l.has_ver());
-        let scale = match (ver_at, dec) {
-            (Some(i), Some(d)) if i != me => g[i].dec.get().map_or(1.0, |di| d / di),
-            _ => 1.0,
-        };
+        let (dl, vl) = (level_of(load), level_of(spec));
+        let dec = nearest(dl, &|l: &Level| l.dec.n > 0).map(|i| g[i].dec.v);
+        let restart = nearest(dl, &|l: &Level| l.restart.n > 0).map(|i| g[i].restart.v);
+        let ver_at = nearest(vl, &|l: &Level| l.has_ver());
         let ver = (0..=kmax)
-            .map(|k| ver_at.and_then(|i| g[i].ver_at(k)).map(|v| v * scale))
+            .map(|k| ver_at.and_then(|i| g[i].ver_at(k)))
             .collect();
         let age = self.cfg.probe_interval;
         Costs {
             dec,
             restart,
             ver,
-            dec_stale: g[me].dec.stale(age),
-            ver_stale: g[me].ver.iter().all(|e| e.stale(age)),
+            dec_stale: g[dl].dec.stale(age),
+            ver_stale: g[vl].ver.iter().all(|e| e.stale(age)),
         }
     }
 
-    /// Claim the decode (or verify) probe of a load level: true for one caller per interval.
-    fn claim_probe(&self, load: usize, verify: bool) -> bool {
+    /// Claim the decode (or verify) probe of a level: true for one caller per interval.
+    fn claim_probe(&self, level_load: usize, verify: bool) -> bool {
         let Ok(mut g) = self.levels.lock() else {
             return false;
         };
-        let l = &mut g[level_of(load)];
+        let l = &mut g[level_of(level_load)];
         let slot = if verify {
             &mut l.ver_probe
         } else {
@@ -420,16 +320,6 @@ impl Controller {
             d.draft.get().unwrap_or(0.0) * (1.0 - d.overlap_hit.get().unwrap_or(0.0))
         })
         .unwrap_or(0.0)
-    }
-
-    /// Best k in `lo..=p.len()` by expected rate; (k, tokens/s).
-    fn best_k(p: &[f64], c: &Costs, t_draft: f64, lo: usize) -> Option<(usize, f64)> {
-        (lo..=p.len())
-            .filter_map(|k| {
-                let t = t_draft + c.ver.get(k).copied().flatten()?;
-                (t > 0.0).then(|| (k, expected_tokens(p, k) / t))
-            })
-            .max_by(|a, b| a.1.total_cmp(&b.1))
     }
 
     fn publish(&self, drafter: &'static str, speedup: f64) {
@@ -453,36 +343,37 @@ impl Controller {
             return Decision::Speculate(kp);
         }
         let load = self.load();
+        let others = self.others_decoding(false);
+        let spec = load.saturating_sub(others).max(1);
         let p = self.acceptance(s, drafter, &proposal.confidence);
-        let c = self.costs(load, kp);
+        let c = self.costs(load, spec, kp);
         let t_draft = self.draft_cost(drafter);
         let lo = usize::from(s.may_relay);
-        let best = Self::best_k(&p, &c, t_draft, lo);
-        let decision = match (c.dec, best) {
+        let decision = match (c.dec, c.best(&p, t_draft, lo, others, spec)) {
             // Never measured a verify round: measure one if there is anything to verify.
             (_, None) if kp > 0 => Decision::Speculate(kp),
             (_, None) if !s.may_relay => Decision::Speculate(0),
             (_, None) => Decision::Relay { probe: false },
-            (None, Some((k, _))) => {
+            (None, Some(b)) => {
                 if s.may_relay && self.claim_probe(load, false) {
                     Decision::Relay { probe: true }
                 } else {
-                    Decision::Speculate(k)
+                    Decision::Speculate(b.k)
                 }
             }
-            (Some(dec), Some((k, rate))) => {
-                self.publish(drafter, rate * dec);
+            (Some(dec), Some(b)) => {
+                self.publish(drafter, b.speedup(dec));
                 if !s.may_relay {
-                    Decision::Speculate(k)
-                } else if rate * dec < 1.0 {
+                    Decision::Speculate(b.k)
+                } else if b.speedup(dec) < 1.0 {
                     Decision::Relay { probe: false }
                 } else if c.dec_stale && self.claim_probe(load, false) {
                     Decision::Relay { probe: true }
                 } else if kp >= 2 && s.rng.f64() < self.cfg.explore {
                     let other = s.rng.usize(1..kp);
-                    Decision::Speculate(if other >= k { other + 1 } else { other })
+                    Decision::Speculate(if other >= b.k { other + 1 } else { other })
                 } else {
-                    Decision::Speculate(k)
+                    Decision::Speculate(b.k)
                 }
             }
         };
@@ -512,17 +403,20 @@ impl Controller {
             return None;
         }
         let load = self.load();
+        let others = self.others_decoding(true);
+        let spec = load.saturating_sub(others).max(1);
         let p = self.acceptance(s, drafter, &proposal.confidence);
-        let c = self.costs(load, kp);
+        let c = self.costs(load, spec, kp);
         let t_draft = self.draft_cost(drafter);
-        let Some((k, rate)) = Self::best_k(&p, &c, t_draft, 1) else {
+        let Some(b) = c.best(&p, t_draft, 1, others, spec) else {
             // Verify cost never measured: measure it (one stream per interval).
-            return self.claim_probe(load, true).then_some(kp);
+            return self.claim_probe(spec, true).then_some(kp);
         };
         let dec = c.dec?;
-        self.publish(drafter, rate * dec);
-        let t_round = t_draft + c.ver.get(k).copied().flatten().unwrap_or(f64::MAX);
-        let gain = expected_tokens(&p, k) * dec - t_round;
+        self.publish(drafter, b.speedup(dec));
+        // Time the round saves, net of what it costs the others, against the extra cost
+        // of restarting a relay when the excursion ends, spread over its typical rounds.
+        let gain = b.tokens * dec - b.time;
         let switch_cost = c.restart.map_or(0.0, |r| (r - dec).max(0.0));
         let rounds = self
             .with_drafter(drafter, |d| d.excursion.get())
@@ -530,11 +424,11 @@ impl Controller {
             .unwrap_or(2.0)
             .max(1.0);
         if gain > 0.0 && gain * rounds > switch_cost {
-            return Some(k);
+            return Some(b.k);
         }
         // A stale verify cost may hide a chance: re-measure when an optimistic guess pays.
-        let optimistic = expected_tokens(&p, k) / (t_draft + 0.7 * (t_round - t_draft));
-        (c.ver_stale && optimistic * dec > 1.0 && self.claim_probe(load, true)).then_some(k)
+        let optimistic = b.tokens * dec > t_draft + 0.7 * (b.time - t_draft);
+        (c.ver_stale && optimistic && self.claim_probe(spec, true)).then_some(b.k)
     }
 
     /// Relaying: draft for shadow checks every this many tokens (slow drafters less often).
@@ -543,21 +437,25 @@ impl Controller {
             .with_drafter(drafter, |d| d.draft.get())
             .flatten()
             .unwrap_or(0.0);
-        let dec = self.costs(self.load(), 0).dec.unwrap_or(0.0);
+        let dec = self.costs(self.load(), 1, 0).dec.unwrap_or(0.0);
         if t_draft <= 0.0 || dec <= 0.0 {
             return 1;
         }
         ((t_draft / (0.25 * dec)).ceil() as u32).clamp(1, 16)
     }
+
+    /// Marks the caller as relaying while the guard lives.
+    pub fn relaying(self: &Arc<Self>) -> Relaying {
+        self.relaying.fetch_add(1, Ordering::Relaxed);
+        Relaying(self.clone())
+    }
 }
 
-#[derive(Default)]
-struct Costs {
-    dec: Option<f64>,
-    restart: Option<f64>,
-    ver: Vec<Option<f64>>,
-    dec_stale: bool,
-    ver_stale: bool,
+pub struct Relaying(Arc<Controller>);
+impl Drop for Relaying {
+    fn drop(&mut self) {
+        self.0.relaying.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 const K_LABELS: [&str; K_TRACKED + 1] = [
