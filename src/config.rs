@@ -83,6 +83,33 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_NGRAM_MAX", default_value_t = 8)]
     pub ngram_max: usize,
 
+    /// Suffix drafter: longest suffix of the context it matches, in tokens.
+    #[arg(long, env = "SPECD_SUFFIX_MAX_DEPTH", default_value_t = 32)]
+    pub suffix_max_depth: usize,
+
+    /// Suffix drafter: stop a chain when its cumulative probability falls below this.
+    #[arg(long, env = "SPECD_SUFFIX_MIN_PROB", default_value_t = 0.1)]
+    pub suffix_min_prob: f32,
+
+    /// Suffix drafter: a chain is at most this factor times the match length.
+    #[arg(long, env = "SPECD_SUFFIX_SPEC_FACTOR", default_value_t = 1.0)]
+    pub suffix_spec_factor: f32,
+
+    /// Suffix drafter: tokens of recent outputs (all streams) kept for matching; oldest
+    /// outputs are evicted first. 0 disables the global store.
+    #[arg(long, env = "SPECD_SUFFIX_GLOBAL_TOKENS", default_value_t = 1 << 20)]
+    pub suffix_global_tokens: usize,
+
+    /// Controller: seconds after which a cost estimate counts as stale and one stream
+    /// re-measures it (a short relay, or one verify round).
+    #[arg(long, env = "SPECD_CONTROLLER_PROBE_INTERVAL", default_value_t = 10.0)]
+    pub controller_probe_interval: f64,
+
+    /// Controller: share of speculation rounds that try a draft length other than the
+    /// best estimate, to keep the verify-cost estimates of neighbouring K fresh.
+    #[arg(long, env = "SPECD_CONTROLLER_EXPLORE", default_value_t = 0.05)]
+    pub controller_explore: f64,
+
     /// tokenizer.json (or a directory holding it) of the upstream's model. Default: the
     /// model directory the upstream reports, when it is readable here.
     #[arg(long, env = "SPECD_TOKENIZER")]

@@ -7,6 +7,7 @@ pub mod error;
 pub mod metrics;
 pub mod serve;
 pub mod server;
+pub mod sim;
 pub mod spec;
 pub mod tokens;
 pub mod upstream;

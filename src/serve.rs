@@ -8,10 +8,11 @@ use tokio::sync::Semaphore;
 
 use crate::config::ServeArgs;
 use crate::draft::ngram::NgramDrafter;
+use crate::draft::suffix::{SuffixConfig, SuffixDrafter};
 use crate::draft::Drafters;
 use crate::metrics::Metrics;
 use crate::server::{self, AppState, Shared};
-use crate::spec::controller::Controller;
+use crate::spec::controller::{Controller, ControllerConfig};
 use crate::tokens::ModelTokenizer;
 use crate::upstream::detect::UpstreamKind;
 use crate::upstream::verify::Backend;
@@ -25,6 +26,22 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
     );
     let mut drafters = Drafters::default();
     drafters.insert(Arc::new(NgramDrafter::new(args.ngram_min, args.ngram_max)));
+    drafters.insert(Arc::new(SuffixDrafter::new(SuffixConfig {
+        max_depth: args.suffix_max_depth.max(2),
+        min_prob: args.suffix_min_prob,
+        spec_factor: args.suffix_spec_factor,
+        global_max_tokens: args.suffix_global_tokens,
+        ..SuffixConfig::default()
+    })));
+    let controller = Arc::new(Controller::new(
+        ControllerConfig {
+            probe_interval: std::time::Duration::from_secs_f64(
+                args.controller_probe_interval.max(0.0),
+            ),
+            explore: args.controller_explore.clamp(0.0, 1.0),
+        },
+        Some(metrics.clone()),
+    ));
     let tokenizer = match &args.tokenizer {
         Some(p) => {
             Some(Arc::new(ModelTokenizer::load(p).with_context(|| {
@@ -42,7 +59,7 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
         upstream,
         metrics,
         drafters,
-        controller: Arc::new(Controller::new()),
+        controller,
         tokenizer: RwLock::new(tokenizer),
         backend: RwLock::new(None),
         draining: AtomicBool::new(false),

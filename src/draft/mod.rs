@@ -2,6 +2,7 @@
 //! context; the round loop verifies them against the upstream.
 
 pub mod ngram;
+pub mod suffix;
 pub mod testing;
 
 use std::collections::HashMap;
@@ -47,6 +48,11 @@ pub trait Drafter: Send + Sync {
     fn observe(&self, _stream: StreamId, _context: &[u32], _prompt_len: usize) {}
     /// The stream ended; free its state.
     fn finish(&self, _stream: StreamId) {}
+    /// Slow drafters ask for the next round to be drafted while a verify call is in flight
+    /// (assuming all drafts are accepted); the guess is kept when it turns out right.
+    fn wants_overlap(&self) -> bool {
+        false
+    }
 }
 
 /// The drafters a server offers, by name.

@@ -1,24 +1,29 @@
 //! The per-stream loop: draft, verify, accept, emit — or relay a plain continuation when
-//! speculation would not pay — until a stop condition. Events go to the client writer over
-//! a bounded channel; when the client goes away the channel closes and the loop stops,
-//! dropping any in-flight upstream call (which closes its connection, so the upstream
-//! aborts the request).
+//! speculation would not pay — until a stop condition. The controller decides each round
+//! (see `controller.rs`); relay segments live in `relay.rs`. Events go to the client
+//! writer over a bounded channel; when the client goes away the channel closes and the
+//! loop stops, dropping any in-flight upstream call (which closes its connection, so the
+//! upstream aborts the request).
+//!
+//! Switching never loses or repeats a token: the context is exactly the tokens emitted so
+//! far, a relay is cancelled by dropping its stream (tokens it had buffered but not yet
+//! emitted are discarded), and the next verify round or relay starts from the context.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::accept::accepted_len;
-use super::controller::{Controller, Decision};
+use super::controller::{Controller, Decision, StreamCtl};
 use super::generation::{Finish, Generation, Limits};
+use super::relay::{RelayEnd, RelayPlan};
 use crate::config::SpecMode;
-use crate::draft::{drafter_label, DraftRequest, Drafter, Proposal, StreamId};
+use crate::draft::{drafter_label, DraftError, DraftRequest, Drafter, Proposal, StreamId};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::tokens::{Detokenizer, ModelTokenizer};
-use crate::upstream::verify::{Backend, RelayRequest, Sample, Sampling, VerifyRequest};
+use crate::upstream::verify::{Backend, Sample, Sampling, VerifyRequest};
 
 /// What the client writer receives.
 #[derive(Debug)]
@@ -64,7 +69,8 @@ pub struct SessionParams {
     pub include_stop_str: bool,
     pub mode: SpecMode,
     pub k_max: usize,
-    /// Force a relay↔speculate switch every N tokens (tests of the hybrid).
+    /// Force a relay↔speculate switch every N tokens (tests of the hybrid). Rounds are
+    /// cut at the boundaries, so segments start at fixed positions whatever K is chosen.
     pub switch_every: Option<usize>,
 }
 
@@ -92,24 +98,34 @@ pub fn spawn(p: SessionParams, d: SessionDeps) -> mpsc::Receiver<Event> {
     rx
 }
 
-struct Loop<'a> {
-    p: &'a SessionParams,
-    d: &'a SessionDeps,
+pub(super) struct Loop<'a> {
+    pub(super) p: &'a SessionParams,
+    pub(super) d: &'a SessionDeps,
     tx: &'a mpsc::Sender<Event>,
-    ctx: Vec<u32>,
-    stats: Stats,
-    drafter_label: &'static str,
+    pub(super) ctx: Vec<u32>,
+    pub(super) stats: Stats,
+    pub(super) drafter_label: &'static str,
     /// Time spent waiting on the upstream and the drafter (excluded from proxy overhead).
-    outside: Duration,
+    pub(super) outside: Duration,
+    pub(super) ctl: StreamCtl,
 }
 
-enum Step {
-    Continue,
+/// What a speculation round leads to.
+enum Round {
     Done(Finish),
+    /// Another round; with the next proposal when overlap drafted it already.
+    Next(Option<Proposal>),
+    Relay(RelayPlan),
+}
+
+enum State {
+    Speculate(Option<Proposal>),
+    Relay(RelayPlan),
 }
 
 async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
     let started = Instant::now();
+    let _active = d.controller.enter();
     let tok = d.tokenizer.clone();
     let detok = Detokenizer::new(&tok.tokenizer, p.skip_special_tokens, &p.prompt);
     let limits = Limits {
@@ -124,6 +140,10 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
     };
     let mut gen = Generation::new(limits, detok, p.stop.clone());
     let drafter_label = drafter_label(d.drafter.name());
+    // A relay segment draws many positions from one random stream, so where it starts
+    // would change a seeded sampled output: such requests never relay on the controller's
+    // say (forced switching keeps fixed boundaries and stays reproducible).
+    let may_relay = p.sampling.seed.is_none() || p.sampling.is_greedy();
     let mut l = Loop {
         p: &p,
         d: &d,
@@ -141,8 +161,9 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
         },
         drafter_label,
         outside: Duration::ZERO,
+        ctl: StreamCtl::new(may_relay, p.stream),
     };
-    let mut relaying = false;
+    let mut state = State::Speculate(None);
     let result = loop {
         if gen.remaining() == 0 {
             break Ok(Finish {
@@ -150,27 +171,26 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
                 stop_reason: serde_json::Value::Null,
             });
         }
-        let step = if relaying {
-            l.relay(&mut gen).await
-        } else {
-            l.speculate_round(&mut gen).await
-        };
-        match step {
-            Ok((Step::Done(f), _)) => break Ok(f),
-            Ok((Step::Continue, switch)) => {
-                if switch {
-                    let (from, to) = if relaying {
-                        ("relay", "speculate")
-                    } else {
-                        ("speculate", "relay")
-                    };
-                    d.metrics.mode_switches.with_label_values(&[from, to]).inc();
-                    l.stats.switches += 1;
-                    relaying = !relaying;
+        state = match state {
+            State::Speculate(pending) => match l.speculate_round(&mut gen, pending).await {
+                Ok(Round::Done(f)) => break Ok(f),
+                Ok(Round::Next(p)) => State::Speculate(p),
+                Ok(Round::Relay(plan)) => {
+                    l.switched("speculate", "relay");
+                    State::Relay(plan)
                 }
-            }
-            Err(e) => break Err(e),
-        }
+                Err(e) => break Err(e),
+            },
+            State::Relay(plan) => match l.relay(&mut gen, plan).await {
+                Ok(RelayEnd::Done(f)) => break Ok(f),
+                Ok(RelayEnd::Ended) => State::Relay(RelayPlan::default()),
+                Ok(RelayEnd::Resume(p)) => {
+                    l.switched("relay", "speculate");
+                    State::Speculate(p)
+                }
+                Err(e) => break Err(e),
+            },
+        };
     };
     d.metrics
         .rounds_per_request
@@ -200,8 +220,35 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
     }
 }
 
+/// A proposal cut to `k` tokens (confidences padded or cut to match).
+fn cut(mut p: Proposal, k: usize) -> Proposal {
+    p.tokens.truncate(k);
+    p.confidence.resize(p.tokens.len(), 0.0);
+    p
+}
+
 impl Loop<'_> {
-    async fn propose(&mut self, max_k: usize) -> Proposal {
+    /// Count a mode switch (the first decision of a stream is not a switch).
+    fn switched(&mut self, from: &'static str, to: &'static str) {
+        if self.stats.rounds == 0 && self.stats.relay_tokens == 0 {
+            return;
+        }
+        self.d
+            .metrics
+            .mode_switches
+            .with_label_values(&[from, to])
+            .inc();
+        self.stats.switches += 1;
+    }
+
+    /// Draft cap for the next round: K+1 tokens must fit the limits and the context.
+    pub(super) fn k_cap(&self, gen: &Generation<'_>) -> usize {
+        let remaining = gen.remaining() as usize;
+        let room = (self.p.max_model_len as usize).saturating_sub(self.ctx.len() + 1);
+        self.p.k_max.min(remaining.saturating_sub(1)).min(room)
+    }
+
+    pub(super) async fn propose(&mut self, max_k: usize) -> Proposal {
         if max_k == 0 {
             return Proposal::default();
         }
@@ -215,17 +262,22 @@ impl Loop<'_> {
         let r = self.d.drafter.propose(req).await;
         let dt = t.elapsed();
         self.outside += dt;
+        self.draft_done(dt);
+        self.usable(r, max_k)
+    }
+
+    fn draft_done(&self, dt: Duration) {
         self.d
             .metrics
             .draft_duration
             .with_label_values(&[self.drafter_label])
             .observe(dt.as_secs_f64());
+        self.d.controller.record_draft(self.drafter_label, dt);
+    }
+
+    fn usable(&self, r: Result<Proposal, DraftError>, max_k: usize) -> Proposal {
         match r {
-            Ok(mut p) => {
-                p.tokens.truncate(max_k);
-                p.confidence.resize(p.tokens.len(), 0.0);
-                p
-            }
+            Ok(p) => cut(p, max_k),
             Err(e) => {
                 // A failing drafter degrades to plain decoding, it never fails the request.
                 tracing::warn!(error = %e, "drafter failed; continuing without drafts");
@@ -235,7 +287,7 @@ impl Loop<'_> {
     }
 
     /// Emit samples through the generation state; returns a finish when one hits.
-    async fn emit(
+    pub(super) async fn emit(
         &mut self,
         gen: &mut Generation<'_>,
         samples: Vec<Sample>,
@@ -267,31 +319,51 @@ impl Loop<'_> {
     async fn speculate_round(
         &mut self,
         gen: &mut Generation<'_>,
-    ) -> Result<(Step, bool), ApiError> {
+        pending: Option<Proposal>,
+    ) -> Result<Round, ApiError> {
         let round_start = Instant::now();
         let outside_before = self.outside;
-        let remaining = gen.remaining() as usize;
-        // A round yields up to K+1 tokens, and its longest prompt must fit the context.
-        let room = (self.p.max_model_len as usize).saturating_sub(self.ctx.len() + 1);
-        let k_cap = self.p.k_max.min(remaining.saturating_sub(1)).min(room);
-        let proposal = self.propose(k_cap).await;
-        let k = match self.d.controller.decide(self.p.mode, k_cap, &proposal) {
-            Decision::Speculate(k) => k,
-            Decision::Relay if self.p.switch_every.is_none() => return Ok((Step::Continue, true)),
-            Decision::Relay => 0,
+        let mut k_cap = self.k_cap(gen);
+        if let Some(n) = self.p.switch_every {
+            let g = gen.generated as usize;
+            if (g / n) % 2 == 1 {
+                return Ok(Round::Relay(RelayPlan {
+                    probe: false,
+                    shadow: pending,
+                }));
+            }
+            k_cap = k_cap.min(n - g % n - 1);
+        }
+        let proposal = match pending {
+            Some(p) => cut(p, k_cap),
+            None => self.propose(k_cap).await,
         };
-        let drafts = &proposal.tokens[..k];
+        let decision = if self.p.switch_every.is_some() {
+            Decision::Speculate(proposal.tokens.len())
+        } else {
+            self.d
+                .controller
+                .plan_round(&mut self.ctl, self.p.mode, self.drafter_label, &proposal)
+        };
+        let k = match decision {
+            Decision::Speculate(k) => k,
+            Decision::Relay { probe } => {
+                self.d
+                    .metrics
+                    .chosen_k
+                    .with_label_values(&[self.drafter_label])
+                    .observe(0.0);
+                return Ok(Round::Relay(RelayPlan {
+                    probe,
+                    shadow: Some(proposal),
+                }));
+            }
+        };
+        let proposal = cut(proposal, k);
+        let spec = self.d.controller.speculating();
+        let overlap = k > 0 && self.d.drafter.wants_overlap();
         let t = Instant::now();
-        let samples = self
-            .d
-            .backend
-            .verify(VerifyRequest {
-                model: &self.p.model,
-                context: &self.ctx,
-                drafts,
-                sampling: &self.p.sampling,
-            })
-            .await?;
+        let (res, pre) = self.verify(&proposal.tokens, overlap).await;
         let dt = t.elapsed();
         self.outside += dt;
         self.d
@@ -299,6 +371,8 @@ impl Loop<'_> {
             .verify_duration
             .with_label_values(&[self.d.backend.kind()])
             .observe(dt.as_secs_f64());
+        let samples = res?;
+        self.d.controller.record_verify(k, spec, dt);
         if samples.len() != k + 1 {
             return Err(ApiError::UpstreamProtocol(format!(
                 "verify returned {} samples for {} prompts",
@@ -306,8 +380,21 @@ impl Loop<'_> {
                 k + 1
             )));
         }
-        let n = accepted_len(drafts, samples.iter().map(|s| s.id));
+        let n = accepted_len(&proposal.tokens, samples.iter().map(|s| s.id));
+        if k > 0 {
+            self.d.controller.observe_acceptance(
+                &mut self.ctl,
+                self.drafter_label,
+                &proposal.confidence,
+                n,
+            );
+        }
         self.record_round(k, n);
+        let next = if overlap {
+            self.overlap_outcome(pre, n == k, samples[k].id)
+        } else {
+            None
+        };
         let emitted: Vec<Sample> = samples.into_iter().take(n + 1).collect();
         let before = gen.generated;
         let finish = self.emit(gen, emitted).await?;
@@ -329,14 +416,88 @@ impl Loop<'_> {
             .mode_seconds
             .with_label_values(&["speculate"])
             .inc_by(round_start.elapsed().as_secs_f64());
-        if let Some(f) = finish {
-            return Ok((Step::Done(f), false));
+        Ok(match finish {
+            Some(f) => Round::Done(f),
+            None => Round::Next(next),
+        })
+    }
+
+    /// The verify call; with `overlap`, the next round is drafted meanwhile for the context
+    /// plus all drafts (PEARL-style). That draft is awaited only while it can still be
+    /// used — every draft accepted — and dropped otherwise.
+    async fn verify(
+        &self,
+        drafts: &[u32],
+        overlap: bool,
+    ) -> (Result<Vec<Sample>, ApiError>, Option<Proposal>) {
+        let verify = self.d.backend.verify(VerifyRequest {
+            model: &self.p.model,
+            context: &self.ctx,
+            drafts,
+            sampling: &self.p.sampling,
+        });
+        if !overlap {
+            return (verify.await, None);
         }
-        let switch = self
-            .p
-            .switch_every
-            .is_some_and(|n| (gen.generated as usize / n) % 2 == 1);
-        Ok((Step::Continue, switch))
+        let mut next_ctx = self.ctx.clone();
+        next_ctx.extend_from_slice(drafts);
+        let req = DraftRequest {
+            stream: self.p.stream,
+            context: next_ctx,
+            prompt_len: self.p.prompt.len(),
+            max_k: self.p.k_max,
+        };
+        let drafter = &self.d.drafter;
+        let pre = async move {
+            let t = Instant::now();
+            let r = drafter.propose(req).await;
+            (r, t.elapsed())
+        };
+        tokio::pin!(verify);
+        tokio::pin!(pre);
+        let mut drafted = None;
+        let res = loop {
+            tokio::select! {
+                r = &mut verify => break r,
+                p = &mut pre, if drafted.is_none() => drafted = Some(p),
+            }
+        };
+        let all_accepted = res.as_ref().is_ok_and(|s| {
+            s.len() == drafts.len() + 1
+                && accepted_len(drafts, s.iter().map(|x| x.id)) == drafts.len()
+        });
+        if !all_accepted {
+            return (res, None);
+        }
+        let (r, dt) = match drafted {
+            Some(d) => d,
+            None => pre.await,
+        };
+        self.draft_done(dt);
+        (res, Some(self.usable(r, self.p.k_max)))
+    }
+
+    /// Keep the pre-drafted proposal when the bonus token is its first token.
+    fn overlap_outcome(
+        &self,
+        pre: Option<Proposal>,
+        all_accepted: bool,
+        bonus: u32,
+    ) -> Option<Proposal> {
+        let next = pre.filter(|p| all_accepted && p.tokens.first() == Some(&bonus));
+        let hit = next.is_some();
+        self.d
+            .metrics
+            .draft_overlap
+            .with_label_values(&[if hit { "hit" } else { "miss" }])
+            .inc();
+        self.d.controller.record_overlap(self.drafter_label, hit);
+        next.map(|mut p| {
+            p.tokens.remove(0);
+            p.confidence.remove(0);
+            p
+        })
+        .filter(|p| !p.tokens.is_empty())
     }
 
     fn record_round(&mut self, k: usize, n: usize) {
@@ -361,65 +522,11 @@ impl Loop<'_> {
             .with_label_values(&[l])
             .inc_by(n as u64 + 1);
     }
-
-    /// Relay: stream a plain continuation and watch it; leave when the drafter becomes
-    /// confident (or when a forced switch is due).
-    async fn relay(&mut self, gen: &mut Generation<'_>) -> Result<(Step, bool), ApiError> {
-        let start = Instant::now();
-        let max_tokens = gen.remaining();
-        let mut stream = self
-            .d
-            .backend
-            .relay(RelayRequest {
-                model: &self.p.model,
-                context: &self.ctx,
-                sampling: &self.p.sampling,
-                max_tokens,
-            })
-            .await?;
-        let result = loop {
-            let t = Instant::now();
-            let item = stream.next().await;
-            self.outside += t.elapsed();
-            let Some(item) = item else {
-                // The upstream ended the continuation without a stop we recognise (e.g. its
-                // own limit): keep going from the new context.
-                break Ok((Step::Continue, false));
-            };
-            let s = item?;
-            let before = gen.generated;
-            let finish = self.emit(gen, vec![s]).await?;
-            self.stats.relay_tokens += gen.generated - before;
-            self.d
-                .metrics
-                .output_tokens
-                .with_label_values(&["relay"])
-                .inc_by(u64::from(gen.generated - before));
-            if let Some(f) = finish {
-                break Ok((Step::Done(f), false));
-            }
-            if let Some(n) = self.p.switch_every {
-                if (gen.generated as usize / n) % 2 == 0 {
-                    break Ok((Step::Continue, true));
-                }
-                continue;
-            }
-            let k_cap = self.p.k_max.min(gen.remaining().saturating_sub(1) as usize);
-            let proposal = self.propose(k_cap).await;
-            if self.d.controller.should_resume(&proposal) {
-                break Ok((Step::Continue, true));
-            }
-        };
-        drop(stream);
-        self.d
-            .metrics
-            .mode_seconds
-            .with_label_values(&["relay"])
-            .inc_by(start.elapsed().as_secs_f64());
-        result
-    }
 }
 
 const POSITIONS: [&str; 16] = [
     "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15",
 ];
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,463 @@
+//! The goodput controller: each round it decides how many draft tokens to verify (K), or
+//! that the stream should relay — let the upstream decode plainly — because speculation
+//! would not pay right now.
+//!
+//! # The rule
+//! Take a proposal d_1..d_K and estimates p_i = P(d_i accepted | d_1..d_{i-1} accepted).
+//! A verify round with the first k drafts yields on average
+//!
+//! ```text
+//! E(k) = 1 + Σ_{i=1..k} Π_{j=1..i} p_j   tokens, in   T(k) = T_draft + T_ver(k)   seconds,
+//! ```
+//!
+//! while plain decoding yields one token per T_dec. A verify pass is an extend step, and
+//! on a batching server it also slows the steps of every stream decoding beside it; that
+//! loss, L(k) = others × (T_ver(k) − T_dec) / (streams verifying at once), is charged to
+//! the round in tokens of plain decoding. The controller picks
+//!
+//! ```text
+//! k* = argmax_k  (E(k) − L(k)/T_dec) / T(k),     speedup = (E(k*) − L(k*)/T_dec) · T_dec / T(k*)
+//! ```
+//!
+//! In `auto` a speculating stream relays when the speedup is below 1. A relaying stream
+//! comes back when a round at k* saves time (E·T_dec − L − T > 0) and that saving, times
+//! the rounds a speculation excursion of this drafter typically lasts, exceeds the extra
+//! cost of restarting a relay afterwards (relay first-token latency − T_dec). `on`
+//! verifies whatever the drafter proposed, up to the request's K. Seeded sampled requests
+//! never relay (a relay segment draws many positions from one random stream, so where it
+//! starts would change the output); they choose among k = 0..K, k = 0 being one plain
+//! token through a verify call.
+//!
+//! # The estimates (shared by all streams of the upstream)
+//! - T_dec and the relay restart latency, by the number of active streams, from relay
+//!   segments (gap between tokens; first-token latency).
+//! - T_ver(k), by the number of streams speculating at once, from every verify call.
+//!   Missing k are interpolated from measured ones; a missing level borrows the nearest.
+//! - T_draft per drafter (times the share of drafts hidden behind verify calls by overlap).
+//! - Acceptance: per drafter, a calibration of its confidences (by position group and
+//!   confidence decile, with the confidence itself as the prior), plus a per-stream
+//!   residual that tracks how this stream deviates from it right now. Observations come
+//!   from verify rounds and, while relaying, from checking shadow proposals against the
+//!   tokens the upstream streams back — so acceptance stays fresh in both modes.
+//! - "Others" are this server's relaying streams and passthrough requests.
+//!
+//! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
+//! the probe interval, one speculating stream relays a few tokens to re-measure it; when
+//! its verify cost is stale, one relaying stream runs a verify round if an optimistic
+//! estimate says it could pay. A few rounds try another K than the best (`explore`), so
+//! neighbouring K stay measured.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+mod estimates;
+#[cfg(test)]
+mod tests;
+
+pub use estimates::expected_tokens;
+use estimates::{drafter_index, level_of, Costs, DrafterStats, Level};
+
+use crate::config::SpecMode;
+use crate::draft::Proposal;
+use crate::metrics::Metrics;
+
+/// Largest K the estimates track (requests may ask for more; costs beyond are extrapolated).
+pub const K_TRACKED: usize = 16;
+const LEVELS: usize = 8;
+const DRAFTERS: usize = 6;
+/// Learning rate floor of the cost EWMAs (earlier samples average 1/n).
+const COST_ALPHA: f64 = 0.1;
+/// Learning rate of the per-stream acceptance residual.
+const RESIDUAL_ALPHA: f64 = 0.15;
+/// Tokens a decode-cost probe relays before the stream may leave relay again.
+pub const PROBE_TOKENS: u32 = 8;
+
+/// What a stream does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Verify the first K proposed tokens (K may be 0: one plain token by verify call).
+    Speculate(usize),
+    /// Continue with a streamed plain continuation; `probe` when it re-measures T_dec.
+    Relay { probe: bool },
+}
+
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    pub probe_interval: Duration,
+    pub explore: f64,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            probe_interval: Duration::from_secs(10),
+            explore: 0.05,
+        }
+    }
+}
+
+/// One stream's controller state (owned by its loop).
+pub struct StreamCtl {
+    /// Observed minus predicted acceptance, smoothed: how this stream deviates now.
+    residual: f64,
+    /// False for seeded sampled requests (see the module comment).
+    pub may_relay: bool,
+    rng: fastrand::Rng,
+    excursion_rounds: u32,
+}
+
+impl StreamCtl {
+    pub fn new(may_relay: bool, seed: u64) -> Self {
+        StreamCtl {
+            residual: 0.0,
+            may_relay,
+            rng: fastrand::Rng::with_seed(seed),
+            excursion_rounds: 0,
+        }
+    }
+}
+
+/// Counts a stream as load while it lives.
+pub struct Active(Arc<Controller>);
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub struct Controller {
+    cfg: ControllerConfig,
+    levels: Mutex<[Level; LEVELS]>,
+    drafters: Mutex<[DrafterStats; DRAFTERS]>,
+    active: AtomicUsize,
+    relaying: AtomicUsize,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Default for Controller {
+    fn default() -> Self {
+        Controller::new(ControllerConfig::default(), None)
+    }
+}
+
+impl Controller {
+    pub fn new(cfg: ControllerConfig, metrics: Option<Arc<Metrics>>) -> Self {
+        Controller {
+            cfg,
+            levels: Mutex::new([Level::default(); LEVELS]),
+            drafters: Mutex::new([DrafterStats::default(); DRAFTERS]),
+            active: AtomicUsize::new(0),
+            relaying: AtomicUsize::new(0),
+            metrics,
+        }
+    }
+
+    pub fn enter(self: &Arc<Self>) -> Active {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        Active(self.clone())
+    }
+
+    pub fn load(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Streams in speculation right now (at least 1: the caller).
+    pub fn speculating(&self) -> usize {
+        self.load()
+            .saturating_sub(self.relaying.load(Ordering::Relaxed))
+            .max(1)
+    }
+
+    fn with_level<R>(&self, load: usize, f: impl FnOnce(&mut Level) -> R) -> Option<R> {
+        let mut g = self.levels.lock().ok()?;
+        Some(f(&mut g[level_of(load)]))
+    }
+
+    fn with_drafter<R>(&self, label: &str, f: impl FnOnce(&mut DrafterStats) -> R) -> Option<R> {
+        let mut g = self.drafters.lock().ok()?;
+        Some(f(&mut g[drafter_index(label)]))
+    }
+
+    /// A verify call of k drafts while `spec` streams (this one included) speculated.
+    pub fn record_verify(&self, k: usize, spec: usize, dt: Duration) {
+        let v = self.with_level(spec, |l| {
+            let e = &mut l.ver[k.min(K_TRACKED)];
+            e.add(dt.as_secs_f64(), COST_ALPHA);
+            e.v
+        });
+        if let (Some(m), Some(v)) = (&self.metrics, v) {
+            m.verify_cost
+                .with_label_values(&[K_LABELS[k.min(K_TRACKED)]])
+                .set(v);
+        }
+    }
+
+    /// First token of a relay segment: the cost of (re)starting one.
+    pub fn record_relay_start(&self, load: usize, dt: Duration) {
+        self.with_level(load, |l| l.restart.add(dt.as_secs_f64(), COST_ALPHA));
+    }
+
+    /// Plain decoding: `per_token` seconds per token over a window of relayed tokens.
+    pub fn record_decode(&self, load: usize, per_token: f64) {
+        let v = self.with_level(load, |l| {
+            l.dec.add(per_token, COST_ALPHA);
+            l.dec.v
+        });
+        if let (Some(m), Some(v)) = (&self.metrics, v) {
+            m.decode_cost.set(v);
+        }
+    }
+
+    pub fn record_draft(&self, drafter: &str, dt: Duration) {
+        self.with_drafter(drafter, |d| d.draft.add(dt.as_secs_f64(), COST_ALPHA));
+    }
+
+    pub fn record_overlap(&self, drafter: &str, hit: bool) {
+        self.with_drafter(drafter, |d| {
+            d.overlap_hit.add(f64::from(u8::from(hit)), COST_ALPHA)
+        });
+    }
+
+    /// A verified (or shadow-checked) proposal: the first `accepted` of `conf.len()` drafts
+    /// matched. Updates the drafter's calibration and the stream's residual.
+    pub fn observe_acceptance(
+        &self,
+        s: &mut StreamCtl,
+        drafter: &str,
+        conf: &[f32],
+        accepted: usize,
+    ) {
+        let mut residual = s.residual;
+        self.with_drafter(drafter, |d| {
+            for (i, &c) in conf.iter().enumerate().take(accepted + 1) {
+                let ok = i < accepted;
+                let pred = (d.calibrated(i, c) + residual).clamp(0.01, 0.99);
+                residual += RESIDUAL_ALPHA * (f64::from(u8::from(ok)) - pred);
+                residual = residual.clamp(-1.0, 1.0);
+                d.learn(i, c, ok);
+            }
+        });
+        s.residual = residual;
+    }
+
+    /// p_i for each proposed token.
+    fn acceptance(&self, s: &StreamCtl, drafter: &str, conf: &[f32]) -> Vec<f64> {
+        self.with_drafter(drafter, |d| {
+            conf.iter()
+                .enumerate()
+                .map(|(i, &c)| (d.calibrated(i, c) + s.residual).clamp(0.01, 0.99))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// Streams of this server decoding plainly besides the caller: relaying streams (less
+    /// the caller when it relays) and passthrough requests.
+    fn others_decoding(&self, self_relaying: bool) -> usize {
+        let relay = self
+            .relaying
+            .load(Ordering::Relaxed)
+            .saturating_sub(usize::from(self_relaying));
+        let pass = self.metrics.as_ref().map_or(0, |m| {
+            m.active_streams
+                .with_label_values(&["passthrough"])
+                .get()
+                .max(0) as usize
+        });
+        relay + pass
+    }
+
+    /// Costs: T_dec and relay restart at `load` streams, T_ver(k) with `spec` streams
+    /// speculating at once (k = 0..=kmax), and whether they are stale.
+    fn costs(&self, load: usize, spec: usize, kmax: usize) -> Costs {
+        let Ok(g) = self.levels.lock() else {
+            return Costs::default();
+        };
+        let nearest = |me: usize, has: &dyn Fn(&Level) -> bool| {
+            (0..LEVELS)
+                .filter(|&i| has(&g[i]))
+                .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
+        };
+        let (dl, vl) = (level_of(load), level_of(spec));
+        let dec = nearest(dl, &|l: &Level| l.dec.n > 0).map(|i| g[i].dec.v);
+        let restart = nearest(dl, &|l: &Level| l.restart.n > 0).map(|i| g[i].restart.v);
+        let ver_at = nearest(vl, &|l: &Level| l.has_ver());
+        let ver = (0..=kmax)
+            .map(|k| ver_at.and_then(|i| g[i].ver_at(k)))
+            .collect();
+        let age = self.cfg.probe_interval;
+        Costs {
+            dec,
+            restart,
+            ver,
+            dec_stale: g[dl].dec.stale(age),
+            ver_stale: g[vl].ver.iter().all(|e| e.stale(age)),
+        }
+    }
+
+    /// Claim the decode (or verify) probe of a level: true for one caller per interval.
+    fn claim_probe(&self, level_load: usize, verify: bool) -> bool {
+        let Ok(mut g) = self.levels.lock() else {
+            return false;
+        };
+        let l = &mut g[level_of(level_load)];
+        let slot = if verify {
+            &mut l.ver_probe
+        } else {
+            &mut l.dec_probe
+        };
+        if slot.is_some_and(|t| t.elapsed() < self.cfg.probe_interval) {
+            return false;
+        }
+        *slot = Some(Instant::now());
+        true
+    }
+
+    /// Draft cost per round, less what overlap hides.
+    fn draft_cost(&self, drafter: &str) -> f64 {
+        self.with_drafter(drafter, |d| {
+            d.draft.get().unwrap_or(0.0) * (1.0 - d.overlap_hit.get().unwrap_or(0.0))
+        })
+        .unwrap_or(0.0)
+    }
+
+    fn publish(&self, drafter: &'static str, speedup: f64) {
+        if let Some(m) = &self.metrics {
+            m.estimated_speedup
+                .with_label_values(&[drafter])
+                .set(speedup);
+        }
+    }
+
+    /// Speculating: what this round does with `proposal` (already cut to the round's cap).
+    pub fn plan_round(
+        &self,
+        s: &mut StreamCtl,
+        mode: SpecMode,
+        drafter: &'static str,
+        proposal: &Proposal,
+    ) -> Decision {
+        let kp = proposal.tokens.len();
+        if mode != SpecMode::Auto {
+            return Decision::Speculate(kp);
+        }
+        let load = self.load();
+        let others = self.others_decoding(false);
+        let spec = load.saturating_sub(others).max(1);
+        let p = self.acceptance(s, drafter, &proposal.confidence);
+        let c = self.costs(load, spec, kp);
+        let t_draft = self.draft_cost(drafter);
+        let lo = usize::from(s.may_relay);
+        let decision = match (c.dec, c.best(&p, t_draft, lo, others, spec)) {
+            // Never measured a verify round: measure one if there is anything to verify.
+            (_, None) if kp > 0 => Decision::Speculate(kp),
+            (_, None) if !s.may_relay => Decision::Speculate(0),
+            (_, None) => Decision::Relay { probe: false },
+            (None, Some(b)) => {
+                if s.may_relay && self.claim_probe(load, false) {
+                    Decision::Relay { probe: true }
+                } else {
+                    Decision::Speculate(b.k)
+                }
+            }
+            (Some(dec), Some(b)) => {
+                self.publish(drafter, b.speedup(dec));
+                if !s.may_relay {
+                    Decision::Speculate(b.k)
+                } else if b.speedup(dec) < 1.0 {
+                    Decision::Relay { probe: false }
+                } else if c.dec_stale && self.claim_probe(load, false) {
+                    Decision::Relay { probe: true }
+                } else if kp >= 2 && s.rng.f64() < self.cfg.explore {
+                    let other = s.rng.usize(1..kp);
+                    Decision::Speculate(if other >= b.k { other + 1 } else { other })
+                } else {
+                    Decision::Speculate(b.k)
+                }
+            }
+        };
+        match decision {
+            Decision::Speculate(_) => s.excursion_rounds += 1,
+            Decision::Relay { .. } => self.end_excursion(s, drafter),
+        }
+        decision
+    }
+
+    fn end_excursion(&self, s: &mut StreamCtl, drafter: &str) {
+        let n = std::mem::take(&mut s.excursion_rounds);
+        if n > 0 {
+            self.with_drafter(drafter, |d| d.excursion.add(f64::from(n), COST_ALPHA));
+        }
+    }
+
+    /// Relaying: leave relay for a verify round of the returned K with this proposal?
+    pub fn plan_resume(
+        &self,
+        s: &mut StreamCtl,
+        drafter: &'static str,
+        proposal: &Proposal,
+    ) -> Option<usize> {
+        let kp = proposal.tokens.len();
+        if kp == 0 {
+            return None;
+        }
+        let load = self.load();
+        let others = self.others_decoding(true);
+        let spec = load.saturating_sub(others).max(1);
+        let p = self.acceptance(s, drafter, &proposal.confidence);
+        let c = self.costs(load, spec, kp);
+        let t_draft = self.draft_cost(drafter);
+        let Some(b) = c.best(&p, t_draft, 1, others, spec) else {
+            // Verify cost never measured: measure it (one stream per interval).
+            return self.claim_probe(spec, true).then_some(kp);
+        };
+        let dec = c.dec?;
+        self.publish(drafter, b.speedup(dec));
+        // Time the round saves, net of what it costs the others, against the extra cost
+        // of restarting a relay when the excursion ends, spread over its typical rounds.
+        let gain = b.tokens * dec - b.time;
+        let switch_cost = c.restart.map_or(0.0, |r| (r - dec).max(0.0));
+        let rounds = self
+            .with_drafter(drafter, |d| d.excursion.get())
+            .flatten()
+            .unwrap_or(2.0)
+            .max(1.0);
+        if gain > 0.0 && gain * rounds > switch_cost {
+            return Some(b.k);
+        }
+        // A stale verify cost may hide a chance: re-measure when an optimistic guess pays.
+        let optimistic = b.tokens * dec > t_draft + 0.7 * (b.time - t_draft);
+        (c.ver_stale && optimistic && self.claim_probe(spec, true)).then_some(b.k)
+    }
+
+    /// Relaying: draft for shadow checks every this many tokens (slow drafters less often).
+    pub fn shadow_stride(&self, drafter: &str) -> u32 {
+        let t_draft = self
+            .with_drafter(drafter, |d| d.draft.get())
+            .flatten()
+            .unwrap_or(0.0);
+        let dec = self.costs(self.load(), 1, 0).dec.unwrap_or(0.0);
+        if t_draft <= 0.0 || dec <= 0.0 {
+            return 1;
+        }
+        ((t_draft / (0.25 * dec)).ceil() as u32).clamp(1, 16)
+    }
+
+    /// Marks the caller as relaying while the guard lives.
+    pub fn relaying(self: &Arc<Self>) -> Relaying {
+        self.relaying.fetch_add(1, Ordering::Relaxed);
+        Relaying(self.clone())
+    }
+}
+
+pub struct Relaying(Arc<Controller>);
+impl Drop for Relaying {
+    fn drop(&mut self) {
+        self.0.relaying.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+const K_LABELS: [&str; K_TRACKED + 1] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+];

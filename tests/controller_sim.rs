@@ -1,0 +1,158 @@
+//! The controller against the latency-model upstream (`specd-sim`), whose tokens are a
+//! known function of the context: switching keeps the output exact, `auto` speculates
+//! when the drafts are good and relays when they are not, and the "why" is exported.
+//! Behaviour is asserted, never speed.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use futures_util::future::join_all;
+use serde_json::{json, Value};
+use specd::sim::{continuation, corrupt};
+
+const VOCAB: u32 = 4096;
+
+struct Sim {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_sim() -> Sim {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let tok = std::env::var("SPECD_SIM_TOKENIZER")
+        .unwrap_or_else(|_| format!("{home}/.cache/specd/models/target"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_specd-sim"))
+        .args(["serve", "--tokenizer", &tok])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn specd-sim");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(a) = line.split("listening on ").nth(1) {
+                let _ = tx.send(a.trim().to_string());
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("specd-sim did not start");
+    Sim { child, url }
+}
+
+/// A request whose oracle drafts keep each true token with probability `keep`.
+fn request(seed: u64, n: u32, keep: f64) -> (Value, Vec<u32>) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let prompt: Vec<u32> = (0..60 + rng.u32(0..40))
+        .map(|_| rng.u32(4..VOCAB))
+        .collect();
+    let truth = continuation(&prompt, n as usize, VOCAB);
+    let drafts = corrupt(&truth, |_| keep, seed, VOCAB);
+    let body = json!({"model": "specd-sim", "prompt": prompt, "max_tokens": n, "temperature": 0,
+        "logprobs": 0, "return_tokens_as_token_ids": true,
+        "speculation": {"drafter": "oracle", "oracle_tokens": drafts, "max_draft_tokens": 6}});
+    (body, truth)
+}
+
+async fn specd_for(sim: &Sim) -> Specd {
+    Specd::start_ready(&sim.url, &["--enable-test-drafters"]).await
+}
+
+#[tokio::test]
+async fn switching_keeps_every_token() {
+    let sim = start_sim();
+    let specd = specd_for(&sim).await;
+    let mut calls = Vec::new();
+    for (i, every) in [1usize, 2, 3, 5, 8].into_iter().enumerate() {
+        for (j, keep) in [1.0, 0.7, 0.0].into_iter().enumerate() {
+            let (mut b, truth) = request((i * 10 + j) as u64, 40, keep);
+            b["speculation"]["switch_every"] = json!(every);
+            b["speculation"]["mode"] = json!("auto");
+            if j == 1 {
+                b["stream"] = json!(true);
+            }
+            calls.push((b, truth, every, keep));
+        }
+    }
+    let url = specd.url.clone();
+    let futs = calls.into_iter().map(|(b, truth, every, keep)| {
+        let url = url.clone();
+        async move {
+            let got: Vec<u32> = if b["stream"] == json!(true) {
+                let (s, ev, done) = post_stream(&url, "/v1/completions", &b).await;
+                assert!(s == 200 && done, "{ev:?}");
+                ev.iter().flat_map(token_ids).collect()
+            } else {
+                let (s, v) = post(&url, "/v1/completions", &b).await;
+                assert_eq!(s, 200, "{v}");
+                assert!(v["usage"]["speculation"]["switches"].as_u64() > Some(0));
+                token_ids(&v)
+            };
+            assert_eq!(got, truth, "switch every {every}, keep {keep}");
+        }
+    });
+    join_all(futs).await;
+}
+
+async fn relay_share(url: &str, seed: u64, keep: f64, mode: &str) -> (f64, Value) {
+    let (mut b, truth) = request(seed, 96, keep);
+    b["speculation"]["mode"] = json!(mode);
+    let (s, v) = post(url, "/v1/completions", &b).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(token_ids(&v), truth);
+    let sp = v["usage"]["speculation"].clone();
+    let relayed = sp["relay_tokens"].as_f64().unwrap_or(0.0);
+    (relayed / 96.0, sp)
+}
+
+#[tokio::test]
+async fn auto_speculates_when_it_pays_and_relays_when_it_does_not() {
+    let sim = start_sim();
+    let specd = specd_for(&sim).await;
+    // Warm up: the controller measures decode and verify costs.
+    for s in 0..3 {
+        relay_share(&specd.url, 100 + s, 0.9, "auto").await;
+    }
+    // Perfect drafts: 7 tokens per ~31 ms verify against 12.1 ms per plain token.
+    let (good, sp) = relay_share(&specd.url, 7, 1.0, "auto").await;
+    assert!(good < 0.3, "good drafts should be speculated: {sp}");
+    assert!(sp["accepted_tokens"].as_u64() > Some(40), "{sp}");
+    // Hopeless drafts: relay.
+    let (bad, sp) = relay_share(&specd.url, 8, 0.0, "auto").await;
+    assert!(bad > 0.7, "bad drafts should be relayed: {sp}");
+    // Seeded sampling never relays, however bad the drafts.
+    let (mut b, _) = request(9, 48, 0.0);
+    b["speculation"]["mode"] = json!("auto");
+    b["temperature"] = json!(0.8);
+    b["seed"] = json!(5);
+    let (_, v) = post(&specd.url, "/v1/completions", &b).await;
+    assert_eq!(v["usage"]["speculation"]["relay_tokens"], json!(0), "{v}");
+
+    let m = specd.metrics().await;
+    let value = |name: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, f64::max)
+    };
+    let dec = value("specd_controller_decode_cost_seconds");
+    assert!(dec > 0.008 && dec < 0.05, "decode cost {dec}");
+    assert!(value("specd_controller_verify_cost_seconds{k=\"6\"}") > dec);
+    assert!(value("specd_controller_estimated_speedup{drafter=\"oracle\"}") > 0.0);
+    assert!(value("specd_mode_seconds_total{mode=\"relay\"}") > 0.0);
+    assert!(value("specd_mode_switches_total") > 0.0);
+    assert!(value("specd_controller_chosen_k_count") > 0.0);
+}
