@@ -22,7 +22,7 @@
 #   SPECD_SGLANG_VENV          venv path (default $SPECD_CACHE_DIR/sglang-venv)
 #   SPECD_SGLANG_MODEL         model folder name under the models dir (default target)
 #   SPECD_SGLANG_SERVED_NAME   served model name (default specd-$SPECD_SGLANG_MODEL)
-#   SPECD_SGLANG_START_TIMEOUT seconds to wait for /health (default 900)
+#   SPECD_SGLANG_START_TIMEOUT seconds to wait for /health (default 1200)
 #   SPECD_SGLANG_EXTRA_ARGS    extra arguments for the server (word-split; default
 #                              "--dtype float32", which makes batched and single-sequence
 #                              logprobs agree to ~1e-5)
@@ -37,7 +37,7 @@ MODELS=${SPECD_MODELS_DIR:-$CACHE/models}
 VENV=${SPECD_SGLANG_VENV:-$CACHE/sglang-venv}
 MODEL=${SPECD_SGLANG_MODEL:-target}
 SERVED=${SPECD_SGLANG_SERVED_NAME:-specd-$MODEL}
-START_TIMEOUT=${SPECD_SGLANG_START_TIMEOUT:-900}
+START_TIMEOUT=${SPECD_SGLANG_START_TIMEOUT:-1200}
 EXTRA_ARGS=${SPECD_SGLANG_EXTRA_ARGS---dtype float32}
 PYTHON=${SPECD_PYTHON:-python3}
 RUN_ROOT=$CACHE/run
