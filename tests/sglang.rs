@@ -348,8 +348,13 @@ async fn sampled_tokens_follow_sglangs_own_distribution() {
     .await;
     let prompt = "def accumulate(values, weight):\n    total = 0\n";
     let draft = direct_ids(&up, prompt, 2).await;
-    // Unset temperature: SGLang's completions route samples at 1.0, and so must specd.
-    for extra in [json!({}), json!({"temperature": 0.7, "top_p": 0.9})] {
+    // The test model's distribution is nearly flat over 4096 tokens: top_k and low
+    // temperatures give categories with enough mass to compare. Unset temperature: SGLang's
+    // completions route samples at 1.0, and so must specd.
+    for extra in [
+        json!({"top_k": 3}),
+        json!({"temperature": 0.7, "top_k": 6, "top_p": 0.9, "min_p": 0.05}),
+    ] {
         let mut body = json!({"model": model_name(), "prompt": prompt, "max_tokens": 2});
         for (k, v) in extra.as_object().expect("object") {
             body[k] = v.clone();
@@ -382,6 +387,16 @@ async fn sampled_tokens_follow_sglangs_own_distribution() {
             "specd's samples differ from SGLang's (chi2 {stat:.2} > {crit:.2}, df {df})"
         );
     }
+}
+
+#[test]
+fn the_homogeneity_test_sees_a_real_difference() {
+    let a: Vec<u32> = (0..300).map(|i| i % 3).collect();
+    let b: Vec<u32> = (0..300).map(|i| u32::from(i % 5 == 0)).collect();
+    let (s, df) = chi2_homogeneity(&a, &b);
+    assert!(s > chi2_critical_001(df));
+    let (s, df) = chi2_homogeneity(&a, &a);
+    assert!(s < chi2_critical_001(df));
 }
 
 pub fn metric_sum(text: &str, name: &str) -> f64 {
