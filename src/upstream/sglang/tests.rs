@@ -2,6 +2,7 @@
 //! shapes are those of SGLang 0.5.23's `/generate` (tokenizer_manager.py, io_struct.py):
 //! logprob items `[logprob, token_id, text|null]`, a null first input entry.
 
+use super::wire::*;
 use super::*;
 
 fn backend(settings: SglangSettings, defaults: ModelDefaults) -> SglangBackend {
