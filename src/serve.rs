@@ -15,6 +15,7 @@ use crate::server::{self, AppState, Shared};
 use crate::spec::controller::{Controller, ControllerConfig};
 use crate::tokens::ModelTokenizer;
 use crate::upstream::detect::UpstreamKind;
+use crate::upstream::sglang::{ModelDefaults, SglangBackend};
 use crate::upstream::verify::Backend;
 use crate::upstream::vllm::VllmBackend;
 use crate::upstream::{Upstream, UpstreamInfo};
@@ -70,16 +71,21 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
     }))
 }
 
-/// Called whenever the upstream is (re)detected: pick the backend and find the tokenizer.
+/// Called whenever the upstream is (re)detected: find the tokenizer and pick the backend.
 fn on_upstream(st: &Shared, info: &UpstreamInfo) {
+    load_tokenizer(st, info);
     let backend: Arc<dyn Backend> = match info.kind {
-        UpstreamKind::Vllm | UpstreamKind::Sglang => Arc::new(VllmBackend {
+        UpstreamKind::Vllm => Arc::new(VllmBackend {
             up: st.upstream.clone(),
         }),
+        UpstreamKind::Sglang => Arc::new(sglang_backend(st, info)),
     };
     if let Ok(mut g) = st.backend.write() {
         *g = Some(backend);
     }
+}
+
+fn load_tokenizer(st: &Shared, info: &UpstreamInfo) {
     if st.tokenizer().is_some() {
         return;
     }
@@ -95,6 +101,44 @@ fn on_upstream(st: &Shared, info: &UpstreamInfo) {
             tracing::warn!(error = %e, "no tokenizer: speculation is off until --tokenizer is given")
         }
     }
+}
+
+/// SGLang needs the model's vocabulary size (an id beyond it crashes the server) and, for
+/// the chat route, the sampling defaults of its generation_config.json.
+fn sglang_backend(st: &Shared, info: &UpstreamInfo) -> SglangBackend {
+    let tok = st.tokenizer();
+    let tok_dir = tok
+        .as_ref()
+        .and_then(|t| t.path.parent().map(std::path::Path::to_path_buf));
+    let dirs: Vec<std::path::PathBuf> = info
+        .root
+        .iter()
+        .map(std::path::PathBuf::from)
+        .chain(tok_dir)
+        .filter(|d| d.is_dir())
+        .collect();
+    let config_vocab = dirs.iter().find_map(|d| {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.join("config.json")).ok()?).ok()?;
+        let n = v
+            .get("vocab_size")
+            .or_else(|| v.pointer("/text_config/vocab_size"))?
+            .as_u64()?;
+        u32::try_from(n).ok()
+    });
+    let tok_vocab = tok.as_ref().and_then(|t| u32::try_from(t.vocab_size).ok());
+    let vocab_limit = match (config_vocab, tok_vocab) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(u32::MAX),
+    };
+    let defaults = dirs
+        .iter()
+        .find(|d| d.join("generation_config.json").is_file())
+        .map(|d| ModelDefaults::load(d))
+        .unwrap_or_default();
+    let settings = info.sglang.clone().unwrap_or_default();
+    tracing::debug!(vocab_limit, chat_defaults = ?defaults, settings = ?settings, "SGLang backend");
+    SglangBackend::new(st.upstream.clone(), settings, defaults, vocab_limit)
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {

@@ -89,6 +89,12 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
     let Some(tokenizer) = st.tokenizer() else {
         return pass(gen.body, "no_tokenizer").await;
     };
+    // The upstream may fill sampling defaults of its own, or apply what specd cannot.
+    let mut gen = gen;
+    let chat = gen.endpoint == Endpoint::Chat;
+    if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
+        return pass(gen.body, reason).await;
+    }
     let permit = match admit(&st).await {
         Ok(p) => p,
         Err(e) => return reject(&st, e),

@@ -36,6 +36,40 @@ pub struct UpstreamInfo {
     pub max_model_len: u32,
     /// Model directory on the upstream's disk (shared with specd in a sidecar pod).
     pub root: Option<String>,
+    /// Server settings that change how specd talks to SGLang (None for vLLM).
+    pub sglang: Option<SglangSettings>,
+}
+
+/// The SGLang server settings specd's requests depend on (from `/server_info`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SglangSettings {
+    /// `--incremental-streaming-output`: streamed `/generate` chunks carry only new ids
+    /// (otherwise every chunk repeats all ids so far).
+    pub incremental_streaming: bool,
+    /// `--sampling-defaults model` (the default): the chat route fills unset sampling
+    /// fields from the model's `generation_config.json`.
+    pub model_sampling_defaults: bool,
+    /// The server splits reasoning or tool calls out of chat answers
+    /// (`--reasoning-parser`, `--tool-call-parser`): chat must pass through.
+    pub chat_parsers: bool,
+}
+
+impl SglangSettings {
+    fn from_server_info(si: &Value) -> Self {
+        let set = |k: &str| si.get(k).is_some_and(|v| !v.is_null());
+        SglangSettings {
+            incremental_streaming: si
+                .get("incremental_streaming_output")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            // Absent in versions that predate the flag, which had the model behaviour.
+            model_sampling_defaults: si
+                .get("sampling_defaults")
+                .and_then(Value::as_str)
+                .is_none_or(|v| v == "model"),
+            chat_parsers: set("reasoning_parser") || set("tool_call_parser"),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,8 +98,17 @@ async fn get_json(client: &Client, url: String) -> Option<Value> {
     resp.json().await.ok()
 }
 
-/// Ask the upstream what it is. `/v1/models` is common to both servers; `owned_by`, then
-/// SGLang's `/server_info` (or the older `/get_server_info`), tell them apart.
+/// SGLang's `/server_info` is its flattened server arguments plus a few runtime fields;
+/// vLLM's development-mode `/server_info` has none of these.
+fn looks_like_sglang(si: &Value) -> bool {
+    ["max_total_num_tokens", "internal_states", "model_path"]
+        .iter()
+        .any(|k| si.get(k).is_some())
+}
+
+/// Ask the upstream what it is. `/v1/models` is common to both servers; `owned_by`
+/// (`vllm` or `sglang`), then SGLang's `/server_info` (or the older `/get_server_info`),
+/// tell them apart.
 pub async fn detect(client: &Client, base: &str) -> Result<UpstreamInfo, DetectError> {
     let models = client
         .get(format!("{base}/v1/models"))
@@ -99,8 +142,10 @@ pub async fn detect(client: &Client, base: &str) -> Result<UpstreamInfo, DetectE
     if owned_by != "vllm" {
         for p in ["/server_info", "/get_server_info"] {
             if let Some(v) = get_json(client, format!("{base}{p}")).await {
-                server_info = Some(v);
-                break;
+                if looks_like_sglang(&v) {
+                    server_info = Some(v);
+                    break;
+                }
             }
         }
     }
@@ -139,11 +184,42 @@ pub async fn detect(client: &Client, base: &str) -> Result<UpstreamInfo, DetectE
             }
         }
     }
+    let sglang = (kind == UpstreamKind::Sglang).then(|| {
+        server_info
+            .as_ref()
+            .map(SglangSettings::from_server_info)
+            .unwrap_or_default()
+    });
     Ok(UpstreamInfo {
         kind,
         model,
         version,
         max_model_len,
         root,
+        sglang,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sglang_server_info_is_recognised() {
+        assert!(looks_like_sglang(
+            &json!({"version": "0.5.23", "max_total_num_tokens": 8192, "model_path": "/m"})
+        ));
+        assert!(!looks_like_sglang(&json!({"vllm_config": "..."})));
+    }
+
+    #[test]
+    fn sglang_settings_from_server_info() {
+        let s = SglangSettings::from_server_info(&json!({
+            "incremental_streaming_output": true, "sampling_defaults": "openai",
+            "reasoning_parser": null, "tool_call_parser": "qwen"}));
+        assert!(s.incremental_streaming && !s.model_sampling_defaults && s.chat_parsers);
+        let d = SglangSettings::from_server_info(&json!({}));
+        assert!(!d.incremental_streaming && d.model_sampling_defaults && !d.chat_parsers);
+    }
 }

@@ -2,6 +2,8 @@
 //! makes to it (tokenize, verify, relay).
 
 pub mod detect;
+pub mod load;
+pub mod sglang;
 pub mod sse;
 pub mod verify;
 pub mod vllm;
@@ -18,6 +20,10 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 pub use detect::{UpstreamInfo, UpstreamKind};
+pub use load::Load;
+
+/// How often the upstream's `/metrics` is read for [`Upstream::load`].
+const LOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 pub struct Upstream {
     pub base: String,
@@ -27,6 +33,7 @@ pub struct Upstream {
     ready: AtomicBool,
     verify_timeout: Duration,
     metrics: Arc<Metrics>,
+    load: RwLock<Option<Load>>,
 }
 
 impl Upstream {
@@ -50,6 +57,7 @@ impl Upstream {
             ready: AtomicBool::new(false),
             verify_timeout: args.verify_timeout(),
             metrics,
+            load: RwLock::new(None),
         })
     }
 
@@ -63,6 +71,53 @@ impl Upstream {
 
     pub fn info(&self) -> Option<Arc<UpstreamInfo>> {
         self.info.read().ok().and_then(|g| g.clone())
+    }
+
+    /// The upstream's latest load reading (requests running and waiting, KV cache use),
+    /// refreshed about every second from its `/metrics` while it is ready. `None` until a
+    /// first reading, or when the server exports no metrics (SGLang needs
+    /// `--enable-metrics`). Check `Load::at` for staleness.
+    pub fn load(&self) -> Option<Load> {
+        *self.load.read().ok()?
+    }
+
+    /// Read `/metrics` once and publish the load it shows.
+    pub async fn refresh_load(&self) -> Option<Load> {
+        let kind = self.info()?.kind;
+        let resp = self
+            .client
+            .get(self.url("/metrics"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let text = resp.text().await.ok()?;
+        let l = load::parse(kind, &text)?;
+        if let Ok(mut g) = self.load.write() {
+            *g = Some(l);
+        }
+        Some(l)
+    }
+
+    /// Load loop: runs until the process ends; backs off when the upstream has no metrics.
+    async fn watch_load(self: Arc<Self>) {
+        let mut misses = 0u32;
+        loop {
+            let wait = if self.is_ready() && self.refresh_load().await.is_some() {
+                misses = 0;
+                LOAD_INTERVAL
+            } else {
+                misses = misses.saturating_add(1);
+                if misses == 3 && self.is_ready() {
+                    tracing::info!("upstream exports no load metrics; load signal unavailable");
+                }
+                LOAD_INTERVAL * misses.min(30)
+            };
+            tokio::time::sleep(wait).await;
+        }
     }
 
     pub fn verify_timeout(&self) -> Duration {
@@ -123,6 +178,7 @@ impl Upstream {
         interval: Duration,
         on_ready: impl Fn(&UpstreamInfo) + Send + 'static,
     ) {
+        tokio::spawn(self.clone().watch_load());
         let mut since_detect = Duration::MAX;
         loop {
             let healthy = self.check_health().await;

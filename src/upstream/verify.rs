@@ -119,6 +119,18 @@ pub trait Backend: Send + Sync {
     /// A plain streaming continuation of `context` (relay mode): the upstream decodes,
     /// specd watches the tokens. Dropping the stream aborts the upstream request.
     fn relay<'a>(&'a self, req: RelayRequest<'a>) -> BoxFuture<'a, Result<SampleStream, ApiError>>;
+    /// Fit a request to this upstream before speculating on it: fill the sampling fields
+    /// the upstream would fill itself for the same direct request on this route (`chat`:
+    /// the chat route), or return the passthrough reason when the upstream would apply
+    /// something specd cannot reproduce. By default everything stays as the client gave it.
+    fn prepare(
+        &self,
+        _chat: bool,
+        _body: &Map<String, Value>,
+        _sampling: &mut Sampling,
+    ) -> Result<(), &'static str> {
+        Ok(())
+    }
     fn kind(&self) -> &'static str;
 }
 

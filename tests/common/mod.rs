@@ -37,6 +37,106 @@ pub fn upstream() -> String {
     .clone()
 }
 
+/// URL of the real SGLang test upstream (`SPECD_TEST_SGLANG_UPSTREAM`, or started by
+/// scripts/sglang-cpu-upstream.sh, which reuses a running instance).
+pub fn sglang_upstream() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(u) = std::env::var("SPECD_TEST_SGLANG_UPSTREAM") {
+            return u;
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = Command::new("bash")
+            .arg(format!("{root}/scripts/sglang-cpu-upstream.sh"))
+            .arg("start")
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/sglang-cpu-upstream.sh");
+        assert!(
+            out.status.success(),
+            "the SGLang test upstream did not start"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("UPSTREAM="))
+            .expect("script prints UPSTREAM=")
+            .trim()
+            .to_string()
+    })
+    .clone()
+}
+
+/// Run specd with `args` until it exits (it must fail at start-up); its status and stderr.
+pub fn specd_fails(args: &[&str], timeout: Duration) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_specd"))
+        .args(args)
+        .env("SPECD_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn specd");
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            return (status.code(), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("specd {args:?} was still running after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Chi-square critical value for `df` degrees of freedom at alpha = 0.001
+/// (Wilson–Hilferty).
+pub fn chi2_critical_001(df: f64) -> f64 {
+    const Z: f64 = 3.09; // upper 0.001 quantile of the standard normal
+    let a = 2.0 / (9.0 * df);
+    df * (1.0 - a + Z * a.sqrt()).powi(3)
+}
+
+/// Two-sample chi-square homogeneity statistic and its degrees of freedom; categories
+/// with fewer than 10 observations in all are pooled.
+pub fn chi2_homogeneity<T: std::hash::Hash + Eq>(a: &[T], b: &[T]) -> (f64, f64) {
+    let mut counts: std::collections::HashMap<&T, (f64, f64)> = Default::default();
+    for x in a {
+        counts.entry(x).or_default().0 += 1.0;
+    }
+    for y in b {
+        counts.entry(y).or_default().1 += 1.0;
+    }
+    let mut cats: Vec<(f64, f64)> = Vec::new();
+    let mut other = (0.0, 0.0);
+    for (_, (x, y)) in counts {
+        if x + y >= 10.0 {
+            cats.push((x, y));
+        } else {
+            other.0 += x;
+            other.1 += y;
+        }
+    }
+    if other.0 + other.1 > 0.0 {
+        cats.push(other);
+    }
+    let (na, nb) = (a.len() as f64, b.len() as f64);
+    let mut stat = 0.0;
+    for (x, y) in &cats {
+        let tot = x + y;
+        let ea = tot * na / (na + nb);
+        let eb = tot * nb / (na + nb);
+        stat += (x - ea).powi(2) / ea + (y - eb).powi(2) / eb;
+    }
+    (stat, (cats.len().max(2) - 1) as f64)
+}
+
 pub struct Specd {
     pub child: Child,
     pub url: String,
