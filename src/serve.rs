@@ -56,9 +56,9 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
 /// Called whenever the upstream is (re)detected: pick the backend and find the tokenizer.
 fn on_upstream(st: &Shared, info: &UpstreamInfo) {
     let backend: Arc<dyn Backend> = match info.kind {
-        UpstreamKind::Vllm | UpstreamKind::Sglang => Arc::new(VllmBackend {
-            up: st.upstream.clone(),
-        }),
+        UpstreamKind::Vllm | UpstreamKind::Sglang => {
+            Arc::new(VllmBackend::new(st.upstream.clone()))
+        }
     };
     if let Ok(mut g) = st.backend.write() {
         *g = Some(backend);

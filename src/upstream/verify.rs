@@ -120,6 +120,11 @@ pub trait Backend: Send + Sync {
     /// specd watches the tokens. Dropping the stream aborts the upstream request.
     fn relay<'a>(&'a self, req: RelayRequest<'a>) -> BoxFuture<'a, Result<SampleStream, ApiError>>;
     fn kind(&self) -> &'static str;
+    /// This backend sending the client's `Authorization` header on its upstream calls, as
+    /// the upstream would have received it directly. `None`: not supported, use `self`.
+    fn with_auth(&self, _auth: &http::HeaderValue) -> Option<std::sync::Arc<dyn Backend>> {
+        None
+    }
 }
 
 #[cfg(test)]
