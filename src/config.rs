@@ -50,6 +50,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_UPSTREAM")]
     pub upstream: String,
 
+    /// PEM file of CA certificates to trust for an https upstream, in addition to the
+    /// built-in web roots (for upstreams behind a private CA).
+    #[arg(long, env = "SPECD_UPSTREAM_CA_CERT")]
+    pub upstream_ca_cert: Option<PathBuf>,
+
     /// Address clients connect to (port 0 picks a free port, reported on stderr).
     #[arg(long, env = "SPECD_LISTEN", default_value = "127.0.0.1:8100")]
     pub listen: SocketAddr,

@@ -75,9 +75,7 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
 fn on_upstream(st: &Shared, info: &UpstreamInfo) {
     load_tokenizer(st, info);
     let backend: Arc<dyn Backend> = match info.kind {
-        UpstreamKind::Vllm => Arc::new(VllmBackend {
-            up: st.upstream.clone(),
-        }),
+        UpstreamKind::Vllm => Arc::new(VllmBackend::new(st.upstream.clone())),
         UpstreamKind::Sglang => Arc::new(sglang_backend(st, info)),
     };
     if let Ok(mut g) = st.backend.write() {
@@ -187,17 +185,35 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
     });
     shutdown_signal().await;
+    let drain = st.args.drain_timeout();
     tracing::info!(
-        timeout_s = st.args.drain_timeout,
+        timeout_s = drain.as_secs_f64(),
         "shutting down: draining in-flight requests"
     );
+    // Keep listening while draining: /readyz answers 503 and new requests get a clean 503
+    // (not a refused connection) while the requests in flight finish.
     st.draining.store(true, Ordering::SeqCst);
+    let deadline = tokio::time::Instant::now() + drain;
+    while in_flight(&st) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let _ = stop_tx.send(true);
-    match tokio::time::timeout(st.args.drain_timeout(), server).await {
-        Ok(_) => tracing::info!("drained"),
-        Err(_) => tracing::warn!("drain timeout reached; closing remaining connections"),
+    match tokio::time::timeout_at(deadline, server).await {
+        Ok(_) if in_flight(&st) == 0 => tracing::info!("drained"),
+        _ => tracing::warn!(
+            left = in_flight(&st),
+            "drain timeout reached; closing remaining connections"
+        ),
     }
     Ok(())
+}
+
+/// Client requests being answered (generation streams and forwarded requests).
+fn in_flight(st: &Shared) -> i64 {
+    ["speculate", "passthrough"]
+        .iter()
+        .map(|m| st.metrics.active_streams.with_label_values(&[m]).get())
+        .sum()
 }
 
 async fn shutdown_signal() {

@@ -75,30 +75,38 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
             forward_bytes(&st, &path_q, &headers, out, reason).await
         }
     };
+    // Every generation request holds a stream slot, passed through or speculated, so
+    // the limits bound what specd holds open whatever the mode.
+    let permit = match admit(&st).await {
+        Ok(p) => p,
+        Err(e) => return reject(&st, e),
+    };
     let gen = match parsed {
         Ok(g) => g,
-        Err((reason, body, _)) => return pass(body, reason).await,
+        Err((reason, body, _)) => return respond::with_permit(pass(body, reason).await, permit),
     };
     let mode = gen.spec.mode.unwrap_or(st.args.speculation);
     if mode == SpecMode::Off {
-        return pass(gen.body, "disabled").await;
+        return respond::with_permit(pass(gen.body, "disabled").await, permit);
     }
     let Some(backend) = st.backend() else {
-        return pass(gen.body, "upstream_not_ready").await;
+        return respond::with_permit(pass(gen.body, "upstream_not_ready").await, permit);
     };
     let Some(tokenizer) = st.tokenizer() else {
-        return pass(gen.body, "no_tokenizer").await;
+        return respond::with_permit(pass(gen.body, "no_tokenizer").await, permit);
     };
     // The upstream may fill sampling defaults of its own, or apply what specd cannot.
     let mut gen = gen;
     let chat = gen.endpoint == Endpoint::Chat;
     if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
-        return pass(gen.body, reason).await;
+        return respond::with_permit(pass(gen.body, reason).await, permit);
     }
-    let permit = match admit(&st).await {
-        Ok(p) => p,
-        Err(e) => return reject(&st, e),
-    };
+    // Calls made for this request carry the client's credentials, as a direct request would.
+    let backend = parts
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|a| backend.with_auth(a))
+        .unwrap_or(backend);
     match speculate(&st, gen, mode, backend, tokenizer, &parts.headers).await {
         Ok(resp) => respond::with_permit(resp, permit),
         Err(e) => {
@@ -190,6 +198,16 @@ async fn speculate(
             tokenizer.vocab_size
         )));
     }
+    if let Some(&bad) = gen
+        .stop_token_ids
+        .iter()
+        .find(|&&t| t as usize >= tokenizer.vocab_size)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "token_id(s) [{bad}] in stop_token_ids contain out-of-vocab token ids. Vocabulary size: {}",
+            tokenizer.vocab_size
+        )));
+    }
     let max_model_len = tokenized.max_model_len.unwrap_or(info.max_model_len).max(1);
     let plen = prompt.len() as u32;
     if plen >= max_model_len {
@@ -197,14 +215,15 @@ async fn speculate(
             "This model's maximum context length is {max_model_len} tokens. However, your request has {plen} input tokens. Please reduce the length of the input messages."
         )));
     }
+    // vLLM's rule: more than the whole context is an error; otherwise the request is
+    // capped at what the context leaves after the prompt.
     let max_tokens = match gen.max_tokens {
-        Some(n) if u64::from(plen) + u64::from(n) > u64::from(max_model_len) => {
+        Some(n) if n > max_model_len => {
             return Err(ApiError::BadRequest(format!(
-                "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({plen} in the messages, {n} in the completion). Please reduce the length of the messages or completion.",
-                u64::from(plen) + u64::from(n)
+                "max_tokens={n} cannot be greater than max_model_len={max_model_len}. Please request fewer output tokens."
             )))
         }
-        Some(n) => n,
+        Some(n) => n.min(max_model_len - plen),
         None => max_model_len - plen,
     };
     let drafter_name = gen

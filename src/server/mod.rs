@@ -66,18 +66,27 @@ pub fn router(state: Shared, with_admin: bool) -> Router {
     if with_admin {
         r = r.merge(admin::routes());
     }
-    r.layer(middleware::from_fn_with_state(state.clone(), gate))
-        .with_state(state)
+    r.layer(middleware::from_fn_with_state(
+        (state.clone(), with_admin),
+        gate,
+    ))
+    .with_state(state)
 }
 
 pub fn admin_router(state: Shared) -> Router {
     admin::routes().with_state(state)
 }
 
-/// Refuse requests while draining and without the API key (admin routes stay open).
-async fn gate(State(st): State<Shared>, req: Request, next: Next) -> Response {
+/// Refuse requests while draining and without the API key. specd's own admin routes stay
+/// open where they are served; with a separate admin address the same paths here are the
+/// upstream's and get the same checks as every other forwarded request.
+async fn gate(
+    State((st, with_admin)): State<(Shared, bool)>,
+    req: Request,
+    next: Next,
+) -> Response {
     let path = req.uri().path();
-    if admin::is_admin_path(path) {
+    if with_admin && admin::is_admin_path(path) {
         return next.run(req).await;
     }
     if st.is_draining() {

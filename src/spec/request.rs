@@ -59,11 +59,54 @@ fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::BadRequest(msg.into())
 }
 
+// Scalars are read the way vLLM's request models (pydantic, lax mode) read them, so a
+// request vLLM accepts is accepted here and one it refuses is refused: integers also from
+// floats without a fraction, booleans and digit strings; numbers also from booleans and
+// numeric strings; booleans also from 0/1 and the usual words.
+
+fn lax_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e18)
+                .map(|f| f as i64)
+        }),
+        Value::Bool(b) => Some(i64::from(*b)),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn lax_f64(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::Bool(b) => Some(f64::from(u8::from(*b))),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn lax_bool(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(b) => Some(*b),
+        Value::Number(n) => match n.as_f64() {
+            Some(0.0) => Some(false),
+            Some(1.0) => Some(true),
+            _ => None,
+        },
+        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "0" | "off" | "f" | "false" | "n" | "no" => Some(false),
+            "1" | "on" | "t" | "true" | "y" | "yes" => Some(true),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 fn opt_f64(m: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
     match m.get(k) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_f64()
+        Some(v) => lax_f64(v)
             .filter(|x| x.is_finite())
             .map(Some)
             .ok_or_else(|| bad(format!("'{k}' must be a number"))),
@@ -73,8 +116,7 @@ fn opt_f64(m: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
 fn opt_i64(m: &Map<String, Value>, k: &str) -> Result<Option<i64>, ApiError> {
     match m.get(k) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_i64()
+        Some(v) => lax_int(v)
             .map(Some)
             .ok_or_else(|| bad(format!("'{k}' must be an integer"))),
     }
@@ -83,8 +125,9 @@ fn opt_i64(m: &Map<String, Value>, k: &str) -> Result<Option<i64>, ApiError> {
 fn opt_bool(m: &Map<String, Value>, k: &str) -> Result<Option<bool>, ApiError> {
     match m.get(k) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(bad(format!("'{k}' must be a boolean"))),
+        Some(v) => lax_bool(v)
+            .map(Some)
+            .ok_or_else(|| bad(format!("'{k}' must be a boolean"))),
     }
 }
 
@@ -93,9 +136,10 @@ fn token_list(v: &Value, what: &str) -> Result<Vec<u32>, ApiError> {
         .ok_or_else(|| bad(format!("'{what}' must be a list of token ids")))?
         .iter()
         .map(|t| {
-            t.as_u64()
-                .filter(|&x| x <= u64::from(u32::MAX))
-                .map(|x| x as u32)
+            t.is_number()
+                .then(|| lax_int(t))
+                .flatten()
+                .and_then(|x| u32::try_from(x).ok())
                 .ok_or_else(|| bad(format!("'{what}' must hold non-negative integer token ids")))
         })
         .collect()
@@ -350,15 +394,8 @@ pub fn parse(
     if min_p.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
         return Err(bad("min_p must be in [0, 1]"));
     }
-    let seed = match m.get("seed") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_i64()
-                .map(|s| s as u64)
-                .or_else(|| v.as_u64())
-                .ok_or_else(|| bad("'seed' must be an integer"))?,
-        ),
-    };
+    // vLLM takes any signed 64-bit seed.
+    let seed = opt_i64(m, "seed")?.map(|s| s as u64);
     let (want_logprobs, n_top) = match endpoint {
         Endpoint::Completions => match opt_i64(m, "logprobs")? {
             None => (false, None),
@@ -370,6 +407,11 @@ pub fn parse(
             let top = opt_i64(m, "top_logprobs")?;
             if top.is_some_and(|n| n < 0) {
                 return Err(bad("top_logprobs must be non-negative"));
+            }
+            if top.is_some_and(|n| n != 0) && !on {
+                return Err(bad(
+                    "when using `top_logprobs`, `logprobs` must be set to true.",
+                ));
             }
             (
                 on,
@@ -399,6 +441,14 @@ pub fn parse(
         Some(v) => token_list(v, "stop_token_ids")?,
     };
     let stream = opt_bool(m, "stream")?.unwrap_or(false);
+    let stream_options = m
+        .get("stream_options")
+        .is_some_and(|o| !o.is_null() && o.as_object().is_none_or(|o| !o.is_empty()));
+    if stream_options && !stream {
+        return Err(bad(
+            "Stream options can only be defined when `stream=True`.",
+        ));
+    }
     let include_usage = m
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))

@@ -8,10 +8,12 @@ pub mod sse;
 pub mod verify;
 pub mod vllm;
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use http::HeaderValue;
 use reqwest::Client;
 use serde_json::Value;
 
@@ -36,14 +38,42 @@ pub struct Upstream {
     load: RwLock<Option<Load>>,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot read the upstream CA certificate {0}: {1}")]
+    CaRead(PathBuf, std::io::Error),
+    #[error("no usable PEM certificate in {0}: {1}")]
+    CaParse(PathBuf, String),
+    #[error(transparent)]
+    Build(#[from] reqwest::Error),
+}
+
+/// Attempts of one idempotent upstream call (see [`Upstream::post_json_retry`]).
+const ATTEMPTS: u32 = 3;
+
 impl Upstream {
-    pub fn new(args: &ServeArgs, metrics: Arc<Metrics>) -> Result<Self, reqwest::Error> {
-        let client = Client::builder()
+    pub fn new(args: &ServeArgs, metrics: Arc<Metrics>) -> Result<Self, ClientError> {
+        let mut builder = Client::builder()
             .connect_timeout(args.connect_timeout())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
-            .tcp_nodelay(true)
-            .build()?;
+            .tcp_nodelay(true);
+        if let Some(path) = &args.upstream_ca_cert {
+            // Trusted in addition to the built-in web roots, for upstreams behind a private CA.
+            let pem = std::fs::read(path).map_err(|e| ClientError::CaRead(path.clone(), e))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| ClientError::CaParse(path.clone(), e.to_string()))?;
+            if certs.is_empty() {
+                return Err(ClientError::CaParse(
+                    path.clone(),
+                    "no certificate found".into(),
+                ));
+            }
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        let client = builder.build()?;
         let forced_kind = match args.upstream_kind {
             UpstreamKindArg::Auto => None,
             UpstreamKindArg::Vllm => Some(UpstreamKind::Vllm),
@@ -213,14 +243,22 @@ impl Upstream {
         body: &Value,
         timeout: Duration,
     ) -> Result<Value, ApiError> {
-        let resp = self
-            .client
-            .post(self.url(path))
-            .json(body)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| self.map_send_error(e))?;
+        self.post_json_auth(path, body, timeout, None).await
+    }
+
+    /// [`Self::post_json`] carrying the client's `Authorization` header, if any.
+    pub async fn post_json_auth(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+        auth: Option<&HeaderValue>,
+    ) -> Result<Value, ApiError> {
+        let mut req = self.client.post(self.url(path)).json(body).timeout(timeout);
+        if let Some(a) = auth {
+            req = req.header(http::header::AUTHORIZATION, a.clone());
+        }
+        let resp = req.send().await.map_err(|e| self.map_send_error(e))?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| self.map_send_error(e))?;
         if !status.is_success() {
@@ -234,6 +272,30 @@ impl Upstream {
             self.count_error("protocol");
             ApiError::UpstreamProtocol(format!("invalid JSON from {path}: {e}"))
         })
+    }
+
+    /// [`Self::post_json_auth`] for a call whose answer specd only uses once it arrived
+    /// whole (a verify round, a tokenization): repeating it cannot duplicate output, so a
+    /// connection that failed or broke, or a 502/503/504, is retried a bounded number of
+    /// times. Timeouts are not retried: the timeout is the bound on a call.
+    pub async fn post_json_retry(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+        auth: Option<&HeaderValue>,
+    ) -> Result<Value, ApiError> {
+        let mut attempt = 1;
+        loop {
+            match self.post_json_auth(path, body, timeout, auth).await {
+                Err(e) if attempt < ATTEMPTS && is_transient(&e) => {
+                    tracing::debug!(error = %e, attempt, path, "upstream call failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50 * 4u64.pow(attempt - 1))).await;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
     }
 
     pub fn count_error(&self, kind: &'static str) {
@@ -254,6 +316,16 @@ impl Upstream {
             self.count_error("protocol");
             ApiError::UpstreamUnreachable(e.to_string())
         }
+    }
+}
+
+/// A failure another attempt may not see: the connection (not the answer) failed, or a
+/// proxy or overloaded server said so.
+pub fn is_transient(e: &ApiError) -> bool {
+    match e {
+        ApiError::UpstreamUnreachable(_) => true,
+        ApiError::Upstream { status, .. } => matches!(status, 502..=504),
+        _ => false,
     }
 }
 

@@ -132,6 +132,11 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
     fn kind(&self) -> &'static str;
+    /// This backend sending the client's `Authorization` header on its upstream calls, as
+    /// the upstream would have received it directly. `None`: not supported, use `self`.
+    fn with_auth(&self, _auth: &http::HeaderValue) -> Option<std::sync::Arc<dyn Backend>> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -4,8 +4,11 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use futures_util::future::{join_all, BoxFuture};
 use futures_util::{FutureExt, StreamExt};
+use http::HeaderValue;
 use serde_json::{json, Map, Value};
 
 use super::sse::SseParser;
@@ -17,6 +20,14 @@ use crate::error::ApiError;
 
 pub struct VllmBackend {
     pub up: Arc<Upstream>,
+    /// The client's `Authorization`, sent on every call made for its request.
+    pub auth: Option<HeaderValue>,
+}
+
+impl VllmBackend {
+    pub fn new(up: Arc<Upstream>) -> Self {
+        VllmBackend { up, auth: None }
+    }
 }
 
 /// `"token_id:123"` → 123.
@@ -107,7 +118,12 @@ impl VllmBackend {
                 body.insert("prompt".into(), json!(prefixes));
                 let v = self
                     .up
-                    .post_json("/v1/completions", &Value::Object(body), timeout)
+                    .post_json_retry(
+                        "/v1/completions",
+                        &Value::Object(body),
+                        timeout,
+                        self.auth.as_ref(),
+                    )
                     .await?;
                 parse_verify_response(&v, k + 1, want_top)
             }
@@ -120,7 +136,10 @@ impl VllmBackend {
                     body.insert("prompt".into(), json!([p]));
                     let body = Value::Object(body);
                     async move {
-                        let v = self.up.post_json("/v1/completions", &body, timeout).await?;
+                        let v = self
+                            .up
+                            .post_json_retry("/v1/completions", &body, timeout, self.auth.as_ref())
+                            .await?;
                         parse_verify_response(&v, 1, want_top).map(|mut s| s.remove(0))
                     }
                 });
@@ -132,7 +151,12 @@ impl VllmBackend {
     async fn tokenize(&self, body: Value) -> Result<Tokenized, ApiError> {
         let v = self
             .up
-            .post_json("/tokenize", &body, std::time::Duration::from_secs(30))
+            .post_json_retry(
+                "/tokenize",
+                &body,
+                Duration::from_secs(30),
+                self.auth.as_ref(),
+            )
             .await?;
         let tokens = v
             .get("tokens")
@@ -154,6 +178,37 @@ impl VllmBackend {
         })
     }
 
+    /// Start a streamed completion: the response once its status is 2xx.
+    async fn send(&self, body: &Value) -> Result<reqwest::Response, ApiError> {
+        let mut rb = self
+            .up
+            .client
+            .post(self.up.url("/v1/completions"))
+            .json(body);
+        if let Some(a) = &self.auth {
+            rb = rb.header(http::header::AUTHORIZATION, a.clone());
+        }
+        let resp = rb.send().await.map_err(|e| self.up.map_send_error(e))?;
+        if !resp.status().is_success() {
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await.unwrap_or_default();
+            self.up.count_error("status");
+            return Err(ApiError::Upstream {
+                status,
+                message: super::upstream_error_message(&bytes),
+            });
+        }
+        Ok(resp)
+    }
+
+    fn stalled(&self, idle: Duration) -> ApiError {
+        self.up.count_error("timeout");
+        ApiError::UpstreamTimeout(format!(
+            "the upstream did not answer within {}s",
+            idle.as_secs_f64()
+        ))
+    }
+
     async fn relay_impl(&self, req: RelayRequest<'_>) -> Result<SampleStream, ApiError> {
         let mut body = base_body(req.model, req.sampling);
         body.insert("max_tokens".into(), req.max_tokens.into());
@@ -164,28 +219,45 @@ impl VllmBackend {
             body.insert("seed".into(), position_seed(seed, req.context.len()).into());
         }
         let want_top = req.sampling.logprobs.unwrap_or(0) > 0;
-        let resp = self
-            .up
-            .client
-            .post(self.up.url("/v1/completions"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| self.up.map_send_error(e))?;
-        if !resp.status().is_success() {
-            let status = resp.status().as_u16();
-            let bytes = resp.bytes().await.unwrap_or_default();
-            self.up.count_error("status");
-            return Err(ApiError::Upstream {
-                status,
-                message: super::upstream_error_message(&bytes),
-            });
-        }
+        // Nothing of a relay reaches the client before its first token, so starting it
+        // may be retried like a verify call. Each wait (for the answer, then for every
+        // next chunk) is bounded by the verify timeout: a stalled upstream fails the
+        // request instead of hanging it.
+        let idle = self.up.verify_timeout();
+        let body = Value::Object(body);
+        let mut attempt = 1;
+        let resp = loop {
+            let r = match tokio::time::timeout(idle, self.send(&body)).await {
+                Ok(r) => r,
+                Err(_) => Err(self.stalled(idle)),
+            };
+            match r {
+                Err(e) if attempt < 3 && super::is_transient(&e) => {
+                    tokio::time::sleep(Duration::from_millis(50 * 4u64.pow(attempt - 1))).await;
+                    attempt += 1;
+                }
+                r => break r?,
+            }
+        };
         let up = self.up.clone();
         let mut bytes = resp.bytes_stream();
         let stream = async_stream_samples(move |tx| async move {
             let mut parser = SseParser::new();
-            while let Some(chunk) = bytes.next().await {
+            loop {
+                let chunk = match tokio::time::timeout(idle, bytes.next()).await {
+                    Ok(Some(c)) => c,
+                    Ok(None) => break,
+                    Err(_) => {
+                        up.count_error("timeout");
+                        let _ = tx
+                            .send(Err(ApiError::UpstreamTimeout(format!(
+                                "no data from the upstream for {}s",
+                                idle.as_secs_f64()
+                            ))))
+                            .await;
+                        return;
+                    }
+                };
                 let chunk = match chunk {
                     Ok(c) => c,
                     Err(e) => {
@@ -279,6 +351,12 @@ impl Drop for AbortOnDrop {
 }
 
 impl Backend for VllmBackend {
+    fn with_auth(&self, auth: &HeaderValue) -> Option<Arc<dyn Backend>> {
+        Some(Arc::new(VllmBackend {
+            up: self.up.clone(),
+            auth: Some(auth.clone()),
+        }))
+    }
     fn verify<'a>(
         &'a self,
         req: VerifyRequest<'a>,

@@ -3,9 +3,11 @@
 //! port 0, whose bound address is read from their output.
 #![allow(dead_code)]
 
+pub mod fault;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -141,6 +143,8 @@ pub struct Specd {
     pub child: Child,
     pub url: String,
     pub admin_url: Option<String>,
+    /// Every line specd wrote to stderr so far.
+    pub logs: Arc<Mutex<Vec<String>>>,
 }
 
 impl Drop for Specd {
@@ -153,6 +157,12 @@ impl Drop for Specd {
 impl Specd {
     /// Start specd in front of `upstream` with extra flags; wait until it listens.
     pub fn start(upstream: &str, extra: &[&str]) -> Specd {
+        let level = std::env::var("SPECD_LOG").unwrap_or_else(|_| "warn".into());
+        Specd::start_env(upstream, extra, &[("SPECD_LOG", &level)])
+    }
+
+    /// Start with extra environment variables (e.g. `SPECD_LOG`).
+    pub fn start_env(upstream: &str, extra: &[&str], env: &[(&str, &str)]) -> Specd {
         let mut child = Command::new(env!("CARGO_BIN_EXE_specd"))
             .args([
                 "serve",
@@ -164,18 +174,21 @@ impl Specd {
                 "0.2",
             ])
             .args(extra)
-            .env(
-                "SPECD_LOG",
-                std::env::var("SPECD_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env_remove("SPECD_LOG")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn specd");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = std::sync::mpsc::channel();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(mut l) = sink.lock() {
+                    l.push(line.clone());
+                }
                 if line.contains("listening on http://") {
                     let _ = tx.send(line.clone());
                 }
@@ -209,7 +222,27 @@ impl Specd {
             child,
             url: url.unwrap_or_default(),
             admin_url,
+            logs,
         }
+    }
+
+    /// Everything specd logged so far.
+    pub fn log_text(&self) -> String {
+        self.logs.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// Send SIGTERM (graceful shutdown).
+    pub fn terminate(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(ok.success());
+    }
+
+    /// One metric's value (the first sample whose name and labels start with `prefix`).
+    pub async fn metric(&self, prefix: &str) -> Option<f64> {
+        metric_value(&self.metrics().await, prefix)
     }
 
     /// Start and wait for `/readyz`.
@@ -246,6 +279,44 @@ impl Specd {
             .text()
             .await
             .expect("text")
+    }
+}
+
+/// The first sample in Prometheus text whose name (and labels) start with `prefix`.
+pub fn metric_value(text: &str, prefix: &str) -> Option<f64> {
+    samples(text, prefix).next()
+}
+
+/// The sum of every sample whose name (and labels) start with `prefix`.
+pub fn metric_sum(text: &str, prefix: &str) -> f64 {
+    samples(text, prefix).sum()
+}
+
+fn samples<'a>(text: &'a str, prefix: &'a str) -> impl Iterator<Item = f64> + 'a {
+    text.lines()
+        .filter(move |l| {
+            l.strip_prefix(prefix).is_some_and(|rest| {
+                prefix.ends_with(['}', ',', '"']) || rest.starts_with([' ', '{'])
+            })
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Poll `check` every 50 ms until it holds or `timeout` passes; returns whether it held.
+pub async fn wait_for<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -350,4 +421,72 @@ pub fn model_name() -> String {
 pub fn completion(prompt: Value, max_tokens: u32) -> Value {
     json!({"model": model_name(), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
            "logprobs": 0, "return_tokens_as_token_ids": true})
+}
+
+/// Reads a streamed response event by event, as a client would.
+pub struct SseReader {
+    pub status: u16,
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    parser: specd::upstream::sse::SseParser,
+    queue: std::collections::VecDeque<String>,
+    /// The connection broke (instead of ending cleanly).
+    pub broken: bool,
+}
+
+impl SseReader {
+    pub async fn open(base: &str, path: &str, body: &Value) -> SseReader {
+        Self::open_with(client().post(format!("{base}{path}")).json(body)).await
+    }
+
+    pub async fn open_with(req: reqwest::RequestBuilder) -> SseReader {
+        use futures_util::StreamExt;
+        let r = req.send().await.expect("request");
+        SseReader {
+            status: r.status().as_u16(),
+            body: r.bytes_stream().boxed(),
+            parser: specd::upstream::sse::SseParser::new(),
+            queue: Default::default(),
+            broken: false,
+        }
+    }
+
+    /// The next `data:` payload; `None` at the end of the body.
+    pub async fn next(&mut self) -> Option<String> {
+        use futures_util::StreamExt;
+        loop {
+            if let Some(d) = self.queue.pop_front() {
+                return Some(d);
+            }
+            match self.body.next().await {
+                Some(Ok(b)) => self.queue.extend(self.parser.feed(&b)),
+                Some(Err(_)) => {
+                    self.broken = true;
+                    return None;
+                }
+                None => return None,
+            }
+        }
+    }
+
+    /// Read to the end: (JSON events before `[DONE]`, whether `[DONE]` came).
+    pub async fn rest(&mut self) -> (Vec<Value>, bool) {
+        let mut events = Vec::new();
+        while let Some(d) = self.next().await {
+            if d == "[DONE]" {
+                return (events, true);
+            }
+            events.push(serde_json::from_str(&d).unwrap_or(Value::String(d)));
+        }
+        (events, false)
+    }
+}
+
+/// Token ids of every chunk of a streamed response, in order.
+pub fn stream_token_ids(events: &[Value]) -> Vec<u32> {
+    events.iter().flat_map(token_ids).collect()
+}
+
+/// The error object of an error event, if `v` is one.
+pub fn error_of(v: &Value) -> Option<&Value> {
+    v.get("error")
 }

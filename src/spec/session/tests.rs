@@ -111,7 +111,8 @@ fn tokenizer() -> Arc<ModelTokenizer> {
     let tokenizer: tokenizers::Tokenizer = json.to_string().parse().expect("tokenizer json");
     Arc::new(ModelTokenizer {
         tokenizer,
-        eos_ids: vec![],
+        eos_id: None,
+        extra_eos_ids: vec![],
         vocab_size: VOCAB as usize,
         path: Default::default(),
     })
