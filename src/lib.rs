@@ -1,6 +1,7 @@
 //! specd: a sidecar proxy that adds speculative decoding in front of an unmodified vLLM
 //! or SGLang server.
 
+pub mod bench;
 pub mod config;
 pub mod draft;
 pub mod error;

@@ -1,0 +1,255 @@
+//! Reading specd's `/metrics` (Prometheus text format) around each batch: the speculation
+//! counters and the verify-time histogram, as differences between two scrapes.
+
+use std::collections::HashMap;
+
+type Labels = Vec<(String, String)>;
+
+/// Samples of one scrape: `name{labels}` → value.
+#[derive(Debug, Clone, Default)]
+pub struct Scrape {
+    samples: Vec<(String, Labels, f64)>,
+}
+
+fn parse_labels(s: &str) -> Labels {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while let Some(eq) = rest.find('=') {
+        let key = rest[..eq].trim().trim_start_matches(',').trim().to_string();
+        let after = &rest[eq + 1..];
+        let Some(after) = after.strip_prefix('"') else {
+            break;
+        };
+        let mut val = String::new();
+        let mut end = None;
+        let mut chars = after.char_indices();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, n)) = chars.next() {
+                        val.push(if n == 'n' { '\n' } else { n });
+                    }
+                }
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                c => val.push(c),
+            }
+        }
+        let Some(end) = end else { break };
+        out.push((key, val));
+        rest = &after[end + 1..];
+    }
+    out
+}
+
+impl Scrape {
+    pub fn parse(text: &str) -> Scrape {
+        let mut samples = Vec::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (head, value) = match line.rfind('}') {
+                Some(close) => (&line[..=close], line[close + 1..].trim()),
+                None => match line.split_once(char::is_whitespace) {
+                    Some((h, v)) => (h, v.trim()),
+                    None => continue,
+                },
+            };
+            // A timestamp may follow the value.
+            let value = value.split_whitespace().next().unwrap_or("");
+            let Ok(v) = value.parse::<f64>() else {
+                continue;
+            };
+            let (name, labels) = match head.find('{') {
+                Some(open) => (
+                    head[..open].to_string(),
+                    parse_labels(&head[open + 1..head.len() - 1]),
+                ),
+                None => (head.to_string(), Vec::new()),
+            };
+            samples.push((name, labels, v));
+        }
+        Scrape { samples }
+    }
+
+    /// Sum of every sample of `name` whose labels include all of `want`.
+    pub fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|(n, labels, _)| {
+                n == name
+                    && want
+                        .iter()
+                        .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, _, v)| v)
+            .sum()
+    }
+
+    /// Cumulative histogram buckets of `name` (`<name>_bucket`), summed over other labels,
+    /// keyed by their `le` bound.
+    pub fn buckets(&self, name: &str) -> Vec<(f64, f64)> {
+        let bucket = format!("{name}_bucket");
+        let mut by_le: HashMap<String, f64> = HashMap::new();
+        for (n, labels, v) in &self.samples {
+            if *n != bucket {
+                continue;
+            }
+            if let Some((_, le)) = labels.iter().find(|(k, _)| k == "le") {
+                *by_le.entry(le.clone()).or_default() += v;
+            }
+        }
+        let mut out: Vec<(f64, f64)> = by_le
+            .into_iter()
+            .filter_map(|(le, v)| {
+                let b = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((b, v))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.total_cmp(&b.0));
+        out
+    }
+}
+
+/// Speculation counters of specd (summed over drafters), or their change over a batch.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SpecCounters {
+    /// Verify rounds with at least one draft token.
+    pub drafts: f64,
+    pub draft_tokens: f64,
+    pub accepted_tokens: f64,
+    /// Tokens produced by rounds: accepted drafts plus one per round.
+    pub emitted_tokens: f64,
+    /// All verify rounds (with or without drafts), from the chosen-K histogram.
+    pub rounds: f64,
+    pub verify_seconds: f64,
+    pub verify_calls: f64,
+    /// Rounds with drafts by accepted length 0..=16.
+    pub accepted_length: Vec<f64>,
+}
+
+impl SpecCounters {
+    pub fn from_scrape(s: &Scrape) -> SpecCounters {
+        let cum = s.buckets("specd_spec_decode_accepted_length");
+        let mut accepted_length = Vec::new();
+        let mut prev = 0.0;
+        for (le, v) in cum {
+            if le.is_finite() {
+                accepted_length.push(v - prev);
+                prev = v;
+            }
+        }
+        SpecCounters {
+            drafts: s.sum("specd_spec_decode_num_drafts_total", &[]),
+            draft_tokens: s.sum("specd_spec_decode_num_draft_tokens_total", &[]),
+            accepted_tokens: s.sum("specd_spec_decode_num_accepted_tokens_total", &[]),
+            emitted_tokens: s.sum("specd_spec_decode_num_emitted_tokens_total", &[]),
+            rounds: s.sum("specd_controller_chosen_k_count", &[]),
+            verify_seconds: s.sum("specd_verify_duration_seconds_sum", &[]),
+            verify_calls: s.sum("specd_verify_duration_seconds_count", &[]),
+            accepted_length,
+        }
+    }
+
+    /// `self - before`.
+    pub fn since(&self, before: &SpecCounters) -> SpecCounters {
+        let n = self.accepted_length.len().max(before.accepted_length.len());
+        let at = |v: &[f64], i: usize| v.get(i).copied().unwrap_or(0.0);
+        SpecCounters {
+            drafts: self.drafts - before.drafts,
+            draft_tokens: self.draft_tokens - before.draft_tokens,
+            accepted_tokens: self.accepted_tokens - before.accepted_tokens,
+            emitted_tokens: self.emitted_tokens - before.emitted_tokens,
+            rounds: self.rounds - before.rounds,
+            verify_seconds: self.verify_seconds - before.verify_seconds,
+            verify_calls: self.verify_calls - before.verify_calls,
+            accepted_length: (0..n)
+                .map(|i| at(&self.accepted_length, i) - at(&before.accepted_length, i))
+                .collect(),
+        }
+    }
+
+    pub fn add(&mut self, o: &SpecCounters) {
+        self.drafts += o.drafts;
+        self.draft_tokens += o.draft_tokens;
+        self.accepted_tokens += o.accepted_tokens;
+        self.emitted_tokens += o.emitted_tokens;
+        self.rounds += o.rounds;
+        self.verify_seconds += o.verify_seconds;
+        self.verify_calls += o.verify_calls;
+        if self.accepted_length.len() < o.accepted_length.len() {
+            self.accepted_length.resize(o.accepted_length.len(), 0.0);
+        }
+        for (a, b) in self.accepted_length.iter_mut().zip(&o.accepted_length) {
+            *a += b;
+        }
+    }
+
+    /// Tokens per verify round (accepted drafts + the target's own token), over all rounds.
+    pub fn tokens_per_round(&self) -> Option<f64> {
+        (self.rounds > 0.0).then(|| self.emitted_tokens / self.rounds)
+    }
+
+    pub fn acceptance(&self) -> Option<f64> {
+        (self.draft_tokens > 0.0).then(|| self.accepted_tokens / self.draft_tokens)
+    }
+
+    pub fn verify_mean_s(&self) -> Option<f64> {
+        (self.verify_calls > 0.0).then(|| self.verify_seconds / self.verify_calls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"# HELP specd_spec_decode_num_drafts_total Verify rounds
+# TYPE specd_spec_decode_num_drafts_total counter
+specd_spec_decode_num_drafts_total{drafter="ngram"} 10
+specd_spec_decode_num_drafts_total{drafter="suffix"} 5
+specd_spec_decode_num_draft_tokens_total{drafter="ngram"} 40
+specd_spec_decode_num_accepted_tokens_total{drafter="ngram"} 12
+specd_spec_decode_num_emitted_tokens_total{drafter="ngram"} 30
+specd_controller_chosen_k_count{drafter="ngram"} 18
+specd_spec_decode_accepted_length_bucket{drafter="ngram",le="0"} 4
+specd_spec_decode_accepted_length_bucket{drafter="ngram",le="1"} 7
+specd_spec_decode_accepted_length_bucket{drafter="ngram",le="2"} 10
+specd_spec_decode_accepted_length_bucket{drafter="ngram",le="+Inf"} 10
+specd_verify_duration_seconds_sum{kind="vllm"} 0.5
+specd_verify_duration_seconds_count{kind="vllm"} 18
+specd_requests_total{mode="speculate",route="completions",status="200"} 3 1700000000
+weird{a="x\"y,z=1",b="2"} 7
+"#;
+
+    #[test]
+    fn parses_counters_and_histograms() {
+        let s = Scrape::parse(TEXT);
+        assert_eq!(s.sum("specd_spec_decode_num_drafts_total", &[]), 15.0);
+        assert_eq!(
+            s.sum(
+                "specd_spec_decode_num_drafts_total",
+                &[("drafter", "ngram")]
+            ),
+            10.0
+        );
+        assert_eq!(s.sum("specd_requests_total", &[("status", "200")]), 3.0);
+        assert_eq!(s.sum("weird", &[("a", "x\"y,z=1"), ("b", "2")]), 7.0);
+        let c = SpecCounters::from_scrape(&s);
+        assert_eq!(c.accepted_length, vec![4.0, 3.0, 3.0]);
+        assert_eq!(c.tokens_per_round(), Some(30.0 / 18.0));
+        assert_eq!(c.acceptance(), Some(12.0 / 40.0));
+        let d = c.since(&SpecCounters::default());
+        assert_eq!(d, c);
+        let mut twice = c.clone();
+        twice.add(&c);
+        assert_eq!(twice.since(&c), c);
+    }
+}
