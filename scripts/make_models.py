@@ -190,7 +190,7 @@ def save_model(model, tok_dir: Path, out: Path, meta: dict) -> None:
     for f in sorted(tok_dir.iterdir()):
         shutil.copy2(f, out / f.name)
     params = sum(p.numel() for p in model.parameters())
-    meta = dict(meta, parameters=params, dtype=DTYPE, seed=SEED)
+    meta = {"seed": SEED, **meta, "parameters": params, "dtype": DTYPE}
     (out / "specd-model.json").write_text(json.dumps(meta, indent=2) + "\n")
     log(f"{meta['name']}: {params / 1e6:.2f} M parameters")
 
@@ -253,7 +253,7 @@ def main() -> int:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             import train_models
 
-            train_models.ensure_trained(root, tok_dir, install)
+            train_models.ensure_trained(root, tok_dir)
             names = ["target-trained", "draft-trained"]
         else:
             for name in RANDOM_MODELS:
