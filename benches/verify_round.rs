@@ -42,7 +42,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Wrap::parse_from(["bench", "--upstream", &base]).serve;
     let up = Arc::new(Upstream::new(&args, Arc::new(Metrics::new()))?);
     let info = up.refresh_info().await?;
-    let backend = VllmBackend { up: up.clone() };
+    let backend = VllmBackend::new(up.clone());
     let model = info.model.clone();
     let max = info.max_model_len as usize;
     let k = 4usize;

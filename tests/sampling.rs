@@ -112,7 +112,10 @@ async fn sampled_tokens_follow_the_targets_distribution() {
         let crit = chi2_critical(df);
         eprintln!("T={temp} top_p={top_p}: chi2={stat:.2} df={df} critical={crit:.2}");
         // Without several well-populated categories the test could not detect anything.
-        assert!(df >= 3.0, "the target's distribution is too flat for a meaningful test (df {df})");
+        assert!(
+            df >= 3.0,
+            "the target's distribution is too flat for a meaningful test (df {df})"
+        );
         assert!(
             stat < crit,
             "specd's samples differ from direct vLLM's (chi2 {stat:.2} > {crit:.2}, df {df})"
