@@ -190,7 +190,7 @@ def save_model(model, tok_dir: Path, out: Path, meta: dict) -> None:
     for f in sorted(tok_dir.iterdir()):
         shutil.copy2(f, out / f.name)
     params = sum(p.numel() for p in model.parameters())
-    meta = {"seed": SEED, **meta, "parameters": params, "dtype": DTYPE}
+    meta = {**meta, "parameters": params, "dtype": DTYPE}
     (out / "specd-model.json").write_text(json.dumps(meta, indent=2) + "\n")
     log(f"{meta['name']}: {params / 1e6:.2f} M parameters")
 
@@ -203,7 +203,7 @@ def build_random(name: str, tok_dir: Path, out: Path) -> None:
     torch.manual_seed(SEED + sum(name.encode()))
     model = LlamaForCausalLM(llama_config(arch))
     model.eval()
-    save_model(model, tok_dir, out, {"kind": "random", "name": name, "architecture": arch})
+    save_model(model, tok_dir, out, {"kind": "random", "name": name, "seed": SEED, "architecture": arch})
 
 
 def install(dest: Path, build) -> None:

@@ -101,12 +101,14 @@ ensure_venv() {
 }
 
 ensure_model() {
-    if [[ -f $MODELS/$MODEL/.specd-complete ]]; then
+    local args=()
+    # Trained models are rebuilt when their recipe changes, which make_models.py checks.
+    if [[ $MODEL == *-trained ]]; then
+        args+=(--trained)
+    elif [[ -f $MODELS/$MODEL/.specd-complete ]]; then
         return 0
     fi
-    local args=()
-    [[ $MODEL == *-trained ]] && args+=(--trained)
-    log "building test models in $MODELS"
+    log "checking or building test models in $MODELS"
     SPECD_MODELS_DIR=$MODELS "$VENV/bin/python" "$SCRIPT_DIR/make_models.py" "${args[@]}" >&2
     [[ -f $MODELS/$MODEL/.specd-complete ]] || die "model $MODEL not found in $MODELS"
 }
