@@ -133,7 +133,8 @@ impl Loop<'_> {
             let k_cap = self.k_cap(gen);
             let p = self.propose(k_cap).await;
             if relayed >= min_tokens {
-                if let Some(k) = ctl.plan_resume(&mut self.ctl, self.drafter_label, &p) {
+                let left = gen.remaining() as usize;
+                if let Some(k) = ctl.plan_resume(&mut self.ctl, self.drafter_label, &p, left) {
                     let mut p = p;
                     p.tokens.truncate(k);
                     p.confidence.truncate(k);

@@ -341,9 +341,13 @@ impl Loop<'_> {
         let decision = if self.p.switch_every.is_some() {
             Decision::Speculate(proposal.tokens.len())
         } else {
-            self.d
-                .controller
-                .plan_round(&mut self.ctl, self.p.mode, self.drafter_label, &proposal)
+            self.d.controller.plan_round(
+                &mut self.ctl,
+                self.p.mode,
+                self.drafter_label,
+                &proposal,
+                gen.remaining() as usize,
+            )
         };
         let k = match decision {
             Decision::Speculate(k) => k,

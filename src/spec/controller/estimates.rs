@@ -80,8 +80,6 @@ pub(super) struct DrafterStats {
     pub(super) n: [[u32; 10]; 4],
     pub(super) draft: Ewma,
     pub(super) overlap_hit: Ewma,
-    /// Rounds per speculation excursion (between relays).
-    pub(super) excursion: Ewma,
 }
 
 impl Default for DrafterStats {
@@ -91,7 +89,6 @@ impl Default for DrafterStats {
             n: [[0; 10]; 4],
             draft: Ewma::default(),
             overlap_hit: Ewma::default(),
-            excursion: Ewma::default(),
         }
     }
 }

@@ -19,10 +19,11 @@
 //! k* = argmax_k  (E(k) − L(k)/T_dec) / T(k),     speedup = (E(k*) − L(k*)/T_dec) · T_dec / T(k*)
 //! ```
 //!
-//! In `auto` a speculating stream relays when the speedup is below 1. A relaying stream
-//! comes back when a round at k* saves time (E·T_dec − L − T > 0) and that saving, times
-//! the rounds a speculation excursion of this drafter typically lasts, exceeds the extra
-//! cost of restarting a relay afterwards (relay first-token latency − T_dec). `on`
+//! Switching costs a relay (re)start: its first-token latency exceeds T_dec. So in `auto`
+//! a speculating stream relays when the speedup is below 1 and the time lost by a few
+//! such rounds (4, or the rounds left in the generation) exceeds that extra cost; a
+//! relaying stream comes back when a round at k* saves time (E·T_dec − L − T > 0) and a
+//! few such rounds save more than that extra cost. `on`
 //! verifies whatever the drafter proposed, up to the request's K. Seeded sampled requests
 //! never relay (a relay segment draws many positions from one random stream, so where it
 //! starts would change the output); they choose among k = 0..K, k = 0 being one plain
@@ -68,8 +69,20 @@ const LEVELS: usize = 8;
 const DRAFTERS: usize = 6;
 /// Learning rate floor of the cost EWMAs (earlier samples average 1/n).
 const COST_ALPHA: f64 = 0.1;
-/// Learning rate of the per-stream acceptance residual.
-const RESIDUAL_ALPHA: f64 = 0.15;
+/// Learning rates of the per-stream acceptance residual: a slow one that is used, and a
+/// fast one that replaces it when the two disagree by more than the fast one's noise (and
+/// at least `RESIDUAL_JUMP`): the stream's acceptance changed, e.g. it left a repetitive
+/// region.
+const RESIDUAL_SLOW: f64 = 0.05;
+const RESIDUAL_FAST: f64 = 0.3;
+const RESIDUAL_JUMP: f64 = 0.3;
+/// Rounds a state (speculation paying or not) is expected to last, when weighing a switch
+/// against the cost of restarting a relay; fewer when the generation ends sooner.
+const SWITCH_HORIZON: f64 = 4.0;
+
+fn horizon(remaining: usize, tokens_per_round: f64) -> f64 {
+    (remaining as f64 / tokens_per_round.max(1.0)).clamp(1.0, SWITCH_HORIZON)
+}
 /// Tokens a decode-cost probe relays before the stream may leave relay again.
 pub const PROBE_TOKENS: u32 = 8;
 
@@ -101,19 +114,19 @@ impl Default for ControllerConfig {
 pub struct StreamCtl {
     /// Observed minus predicted acceptance, smoothed: how this stream deviates now.
     residual: f64,
+    residual_fast: f64,
     /// False for seeded sampled requests (see the module comment).
     pub may_relay: bool,
     rng: fastrand::Rng,
-    excursion_rounds: u32,
 }
 
 impl StreamCtl {
     pub fn new(may_relay: bool, seed: u64) -> Self {
         StreamCtl {
             residual: 0.0,
+            residual_fast: 0.0,
             may_relay,
             rng: fastrand::Rng::with_seed(seed),
-            excursion_rounds: 0,
         }
     }
 }
@@ -228,17 +241,27 @@ impl Controller {
         conf: &[f32],
         accepted: usize,
     ) {
-        let mut residual = s.residual;
+        let (mut slow, mut fast) = (s.residual, s.residual_fast);
         self.with_drafter(drafter, |d| {
             for (i, &c) in conf.iter().enumerate().take(accepted + 1) {
-                let ok = i < accepted;
-                let pred = (d.calibrated(i, c) + residual).clamp(0.01, 0.99);
-                residual += RESIDUAL_ALPHA * (f64::from(u8::from(ok)) - pred);
-                residual = residual.clamp(-1.0, 1.0);
-                d.learn(i, c, ok);
+                let ok = f64::from(u8::from(i < accepted));
+                let base = d.calibrated(i, c);
+                slow += RESIDUAL_SLOW * (ok - (base + slow).clamp(0.01, 0.99));
+                fast += RESIDUAL_FAST * (ok - (base + fast).clamp(0.01, 0.99));
+                slow = slow.clamp(-1.0, 1.0);
+                fast = fast.clamp(-1.0, 1.0);
+                // Snap when the fast estimate is further off than its own noise allows
+                // (3 standard deviations of an EWMA of Bernoulli(p) outcomes).
+                let q = (base + slow).clamp(0.01, 0.99);
+                let noise = (RESIDUAL_FAST / (2.0 - RESIDUAL_FAST) * q * (1.0 - q)).sqrt();
+                if (fast - slow).abs() > (3.0 * noise).max(RESIDUAL_JUMP) {
+                    slow = fast;
+                }
+                d.learn(i, c, i < accepted);
             }
         });
-        s.residual = residual;
+        s.residual = slow;
+        s.residual_fast = fast;
     }
 
     /// p_i for each proposed token.
@@ -337,6 +360,7 @@ impl Controller {
         mode: SpecMode,
         drafter: &'static str,
         proposal: &Proposal,
+        remaining: usize,
     ) -> Decision {
         let kp = proposal.tokens.len();
         if mode != SpecMode::Auto {
@@ -366,7 +390,15 @@ impl Controller {
                 if !s.may_relay {
                     Decision::Speculate(b.k)
                 } else if b.speedup(dec) < 1.0 {
-                    Decision::Relay { probe: false }
+                    // Leaving costs a relay restart; stay when a few such rounds lose less
+                    // than that (a small dip in the estimates must not cause flapping).
+                    let loss = b.time - b.tokens * dec;
+                    let restart = c.restart.map_or(0.0, |r| (r - dec).max(0.0));
+                    if horizon(remaining, b.tokens) * loss > restart {
+                        Decision::Relay { probe: false }
+                    } else {
+                        Decision::Speculate(b.k)
+                    }
                 } else if c.dec_stale && self.claim_probe(load, false) {
                     Decision::Relay { probe: true }
                 } else if kp >= 2 && s.rng.f64() < self.cfg.explore {
@@ -377,18 +409,7 @@ impl Controller {
                 }
             }
         };
-        match decision {
-            Decision::Speculate(_) => s.excursion_rounds += 1,
-            Decision::Relay { .. } => self.end_excursion(s, drafter),
-        }
         decision
-    }
-
-    fn end_excursion(&self, s: &mut StreamCtl, drafter: &str) {
-        let n = std::mem::take(&mut s.excursion_rounds);
-        if n > 0 {
-            self.with_drafter(drafter, |d| d.excursion.add(f64::from(n), COST_ALPHA));
-        }
     }
 
     /// Relaying: leave relay for a verify round of the returned K with this proposal?
@@ -397,6 +418,7 @@ impl Controller {
         s: &mut StreamCtl,
         drafter: &'static str,
         proposal: &Proposal,
+        remaining: usize,
     ) -> Option<usize> {
         let kp = proposal.tokens.len();
         if kp == 0 {
@@ -415,14 +437,10 @@ impl Controller {
         let dec = c.dec?;
         self.publish(drafter, b.speedup(dec));
         // Time the round saves, net of what it costs the others, against the extra cost
-        // of restarting a relay when the excursion ends, spread over its typical rounds.
+        // of restarting a relay when speculation stops paying again.
         let gain = b.tokens * dec - b.time;
         let switch_cost = c.restart.map_or(0.0, |r| (r - dec).max(0.0));
-        let rounds = self
-            .with_drafter(drafter, |d| d.excursion.get())
-            .flatten()
-            .unwrap_or(2.0)
-            .max(1.0);
+        let rounds = horizon(remaining, b.tokens);
         if gain > 0.0 && gain * rounds > switch_cost {
             return Some(b.k);
         }

@@ -71,7 +71,7 @@ fn speculates_when_it_pays_and_relays_when_not() {
     teach(&c, &mut good, 0.95, 0.5);
     // 0.95 per position: E(8) ≈ 7.4 tokens per ~34 ms against 12.1 ms per token.
     assert_eq!(
-        c.plan_round(&mut good, SpecMode::Auto, "oracle", &proposal(8, 0.5)),
+        c.plan_round(&mut good, SpecMode::Auto, "oracle", &proposal(8, 0.5), 100),
         Decision::Speculate(8)
     );
     // Short chain of accept length ~2.0: a loss on this server, so relay.
@@ -81,18 +81,24 @@ fn speculates_when_it_pays_and_relays_when_not() {
     let mut meh = StreamCtl::new(true, 2);
     teach(&c, &mut meh, 0.52, 0.5);
     assert_eq!(
-        c.plan_round(&mut meh, SpecMode::Auto, "oracle", &proposal(4, 0.5)),
+        c.plan_round(&mut meh, SpecMode::Auto, "oracle", &proposal(4, 0.5), 100),
         Decision::Relay { probe: false }
     );
     // `on` verifies what was proposed; seeded sampling may not relay and picks K (0 allowed).
     assert_eq!(
-        c.plan_round(&mut meh, SpecMode::On, "oracle", &proposal(4, 0.5)),
+        c.plan_round(&mut meh, SpecMode::On, "oracle", &proposal(4, 0.5), 100),
         Decision::Speculate(4)
     );
     let mut seeded = StreamCtl::new(false, 3);
     teach(&c, &mut seeded, 0.0, 0.5);
     assert_eq!(
-        c.plan_round(&mut seeded, SpecMode::Auto, "oracle", &proposal(4, 0.5)),
+        c.plan_round(
+            &mut seeded,
+            SpecMode::Auto,
+            "oracle",
+            &proposal(4, 0.5),
+            100
+        ),
         Decision::Speculate(0)
     );
 }
@@ -105,7 +111,7 @@ fn the_stream_residual_tracks_changes_quickly() {
     let mut s = StreamCtl::new(true, 1);
     teach(&c, &mut s, 0.1, 0.5);
     assert!(matches!(
-        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(8, 0.5)),
+        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(8, 0.5), 100),
         Decision::Relay { .. }
     ));
     // The stream now accepts everything: a few observations turn the decision around.
@@ -113,7 +119,7 @@ fn the_stream_residual_tracks_changes_quickly() {
         c.observe_acceptance(&mut s, "oracle", &[0.5; 8], 8);
     }
     assert_eq!(
-        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(8, 0.5)),
+        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(8, 0.5), 100),
         Decision::Speculate(8)
     );
 }
@@ -159,12 +165,12 @@ fn the_loss_imposed_on_decoding_streams_is_charged() {
     // Alone it would pay (E(8) ≈ 4.4 per ~37 ms vs 13.6 ms), but 15 decoding streams
     // would each lose ~23 ms per verify step.
     assert_eq!(
-        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(8, 0.5)),
+        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(8, 0.5), 100),
         Decision::Relay { probe: false }
     );
     drop(relays);
     assert!(matches!(
-        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(8, 0.5)),
+        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(8, 0.5), 100),
         Decision::Speculate(k) if k >= 4
     ));
     drop(guards);
@@ -177,21 +183,21 @@ fn cold_start_measures_verify_then_decode() {
     let mut s = StreamCtl::new(true, 1);
     // Nothing known: verify what there is, relay when there is nothing.
     assert_eq!(
-        c.plan_round(&mut s, SpecMode::Auto, "ngram", &proposal(3, 0.5)),
+        c.plan_round(&mut s, SpecMode::Auto, "ngram", &proposal(3, 0.5), 100),
         Decision::Speculate(3)
     );
     assert_eq!(
-        c.plan_round(&mut s, SpecMode::Auto, "ngram", &proposal(0, 0.5)),
+        c.plan_round(&mut s, SpecMode::Auto, "ngram", &proposal(0, 0.5), 100),
         Decision::Relay { probe: false }
     );
     // Verify cost known, decode cost not: one stream probes plain decoding.
     c.record_verify(3, 1, ms(30.0));
     assert_eq!(
-        c.plan_round(&mut s, SpecMode::Auto, "ngram", &proposal(3, 0.5)),
+        c.plan_round(&mut s, SpecMode::Auto, "ngram", &proposal(3, 0.5), 100),
         Decision::Relay { probe: true }
     );
     assert_eq!(
-        c.plan_round(&mut s, SpecMode::Auto, "ngram", &proposal(3, 0.5)),
+        c.plan_round(&mut s, SpecMode::Auto, "ngram", &proposal(3, 0.5), 100),
         Decision::Speculate(3),
         "the probe is claimed once per interval"
     );
@@ -205,9 +211,35 @@ fn resume_needs_the_saving_to_cover_the_switch() {
     let _r = c.relaying();
     let mut s = StreamCtl::new(true, 1);
     teach(&c, &mut s, 0.98, 0.5);
-    assert_eq!(c.plan_resume(&mut s, "oracle", &proposal(8, 0.5)), Some(8));
-    assert_eq!(c.plan_resume(&mut s, "oracle", &proposal(0, 0.5)), None);
+    assert_eq!(
+        c.plan_resume(&mut s, "oracle", &proposal(8, 0.5), 100),
+        Some(8)
+    );
+    assert_eq!(
+        c.plan_resume(&mut s, "oracle", &proposal(0, 0.5), 100),
+        None
+    );
     let mut weak = StreamCtl::new(true, 2);
     teach(&c, &mut weak, 0.3, 0.5);
-    assert_eq!(c.plan_resume(&mut weak, "oracle", &proposal(8, 0.5)), None);
+    assert_eq!(
+        c.plan_resume(&mut weak, "oracle", &proposal(8, 0.5), 100),
+        None
+    );
+}
+
+#[test]
+fn no_relay_restart_for_the_last_few_tokens() {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.52, 0.5);
+    assert_eq!(
+        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(1, 0.5), 2),
+        Decision::Speculate(1)
+    );
+    assert_eq!(
+        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(1, 0.5), 100),
+        Decision::Relay { probe: false }
+    );
 }
