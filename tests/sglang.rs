@@ -389,6 +389,27 @@ async fn sampled_tokens_follow_sglangs_own_distribution() {
     }
 }
 
+#[tokio::test]
+async fn out_of_vocabulary_ids_never_reach_sglang() {
+    let up = sglang_upstream();
+    let specd = Specd::start_ready(&up, &["--speculation", "on"]).await;
+    for extra in [json!({}), json!({"presence_penalty": 0.5}), json!({"n": 2})] {
+        let mut b = json!({"model": model_name(), "prompt": [0, 5, 99_999], "max_tokens": 2});
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        let (s, v) = post(&specd.url, "/v1/completions", &b).await;
+        assert_eq!(s, 400, "{extra}: {v}");
+        assert!(v.to_string().contains("99999"), "{v}");
+    }
+    let r = client()
+        .get(format!("{up}/health"))
+        .send()
+        .await
+        .expect("health");
+    assert!(r.status().is_success(), "SGLang is still up");
+}
+
 #[test]
 fn the_homogeneity_test_sees_a_real_difference() {
     let a: Vec<u32> = (0..300).map(|i| i % 3).collect();

@@ -67,6 +67,11 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
         let path_q = path_q.clone();
         let bytes = bytes.clone();
         async move {
+            if let Some(b) = st.backend() {
+                if let Err(e) = b.screen(&body) {
+                    return reject(&st, e);
+                }
+            }
             let out = if had_spec_field {
                 Bytes::from(Value::Object(body).to_string())
             } else {

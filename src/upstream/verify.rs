@@ -131,6 +131,11 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), &'static str> {
         Ok(())
     }
+    /// Refuse a generation request that must not reach the upstream even unchanged (for
+    /// passthrough); by default every request may.
+    fn screen(&self, _body: &Map<String, Value>) -> Result<(), ApiError> {
+        Ok(())
+    }
     fn kind(&self) -> &'static str;
     /// This backend sending the client's `Authorization` header on its upstream calls, as
     /// the upstream would have received it directly. `None`: not supported, use `self`.

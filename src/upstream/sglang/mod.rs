@@ -214,6 +214,18 @@ impl SglangBackend {
         }
     }
 
+    /// The first id outside the vocabulary in a token list or a list of token lists.
+    fn bad_id(&self, v: &Value) -> Option<i64> {
+        match v {
+            Value::Number(n) => {
+                let id = n.as_i64().unwrap_or(i64::MAX);
+                (id < 0 || id >= i64::from(self.vocab_limit)).then_some(id)
+            }
+            Value::Array(a) => a.iter().find_map(|x| self.bad_id(x)),
+            _ => None,
+        }
+    }
+
     fn count_work(&self, item: &Value) {
         let m = |k: &str| {
             item.pointer(&format!("/meta_info/{k}"))
@@ -485,6 +497,18 @@ impl Backend for SglangBackend {
         sampling: &mut Sampling,
     ) -> Result<(), &'static str> {
         self.prepare_sampling(chat, body, sampling)
+    }
+    fn screen(&self, body: &Map<String, Value>) -> Result<(), ApiError> {
+        // SGLang does not range-check prompt ids: one bad id takes its scheduler down.
+        for key in ["prompt", "input_ids"] {
+            if let Some(bad) = body.get(key).and_then(|v| self.bad_id(v)) {
+                return Err(ApiError::BadRequest(format!(
+                    "token id {bad} is out of vocabulary (size {})",
+                    self.vocab_limit
+                )));
+            }
+        }
+        Ok(())
     }
     fn kind(&self) -> &'static str {
         "sglang"

@@ -170,3 +170,23 @@ fn top_entries_skip_nulls_and_keep_order() {
     assert_eq!(t, vec![(3, -0.1), (8, -2.0)]);
     assert!(parse_top(&Value::Null).is_empty());
 }
+
+#[test]
+fn out_of_vocabulary_prompts_are_screened() {
+    let b = backend(SglangSettings::default(), ModelDefaults::default());
+    for ok in [
+        json!({"prompt": "text"}),
+        json!({"prompt": [0, 4095]}),
+        json!({"prompt": [[1], [2]]}),
+    ] {
+        assert!(b.screen(&obj(ok)).is_ok());
+    }
+    for bad in [
+        json!({"prompt": [0, 4096]}),
+        json!({"prompt": [[1], [2, 99999]]}),
+        json!({"prompt": [-1]}),
+        json!({"input_ids": [7, 5000]}),
+    ] {
+        assert!(matches!(b.screen(&obj(bad)), Err(ApiError::BadRequest(_))));
+    }
+}
