@@ -88,7 +88,10 @@ async fn run_standin_streams(specd: &Specd, n: u32, max_tokens: u32) -> Duration
 async fn many_long_streams_through_the_stand_in() {
     let up = FaultUpstream::start().await;
     up.set_token_delay(Duration::from_millis(1));
-    let specd = Specd::start_ready(&up.url, &[]).await;
+    // Under the open-files limit a service manager typically leaves (1024 soft): 512
+    // streams need more than that, and specd must raise its own limit.
+    let specd = Specd::start_nofile(&up.url, &[], 1024);
+    specd.wait_ready(Duration::from_secs(30)).await;
     let n: u32 = env_or("SPECD_LOAD_STREAMS", 512);
     // Short by default to keep the suite quick; scripts/load-test.sh runs long ones.
     let tokens = env_or("SPECD_LOAD_TOKENS", 48);

@@ -161,7 +161,9 @@ impl FaultUpstream {
 
     fn serve(&self, listener: TcpListener) {
         let stop = CancellationToken::new();
-        let app = Router::new().fallback(api::handle).with_state(self.st.clone());
+        let app = Router::new()
+            .fallback(api::handle)
+            .with_state(self.st.clone());
         let task = tokio::spawn(accept_loop(listener, app, stop.clone(), self.tls.clone()));
         *self.running.lock().expect("lock") = Some((stop, task));
     }
@@ -288,4 +290,3 @@ where
         _ = stop.cancelled() => {}
     }
 }
-
