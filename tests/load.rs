@@ -2,8 +2,7 @@
 //! output, memory and file descriptors stay bounded, disconnects release everything, and
 //! the admission limits answer 429 with Retry-After.
 //!
-//! The 512-stream runs against the real vLLM are `#[ignore]`d in the normal suite (they
-//! take minutes on a CPU vLLM): `scripts/load-test.sh` runs them.
+//! The suite runs the stand-in streams short; `scripts/load-test.sh` runs them long.
 
 mod common;
 
@@ -269,7 +268,6 @@ fn vllm_prompt(i: usize) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "minutes on a CPU vLLM: run by scripts/load-test.sh"]
 async fn load_512_streams_through_specd_to_vllm() {
     let up = upstream();
     let specd = Specd::start_ready(&up, &[]).await;
