@@ -140,6 +140,7 @@ fn sglang_backend(st: &Shared, info: &UpstreamInfo) -> SglangBackend {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    raise_open_files_limit();
     let st = build_state(args)?;
     // A forced kind that does not match is a start-up error, not a silent fallback.
     match st.upstream.refresh_info().await {
@@ -215,6 +216,37 @@ fn in_flight(st: &Shared) -> i64 {
         .map(|m| st.metrics.active_streams.with_label_values(&[m]).get())
         .sum()
 }
+
+/// Every stream holds a client connection and an upstream one; a service manager's
+/// default soft limit (often 1024 open files) would cap specd near 500 streams. Raise the
+/// soft limit to the hard one, as servers commonly do.
+#[cfg(unix)]
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct given to it.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0
+        || lim.rlim_cur >= lim.rlim_max
+    {
+        return;
+    }
+    let old = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: setrlimit only reads the struct given to it.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+        tracing::info!(from = old, to = lim.rlim_cur, "raised the open files limit");
+    } else if old < 4096 {
+        tracing::warn!(
+            limit = old,
+            "open files limit is low: every stream needs two connections"
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn raise_open_files_limit() {}
 
 async fn shutdown_signal() {
     let ctrl_c = async {

@@ -319,7 +319,7 @@ async fn tls_upstream_behind_a_private_ca() {
     // A CA file that is not PEM is a start-up error.
     let junk = dir.join("junk.pem");
     std::fs::write(&junk, "not a certificate").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_specd"))
+    let out = std::process::Command::new(bin())
         .args([
             "serve",
             "--upstream",

@@ -139,6 +139,11 @@ pub fn chi2_homogeneity<T: std::hash::Hash + Eq>(a: &[T], b: &[T]) -> (f64, f64)
     (stat, (cats.len().max(2) - 1) as f64)
 }
 
+/// The specd binary under test (`SPECD_BIN` overrides it, e.g. with a release build).
+pub fn bin() -> String {
+    std::env::var("SPECD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_specd").to_string())
+}
+
 pub struct Specd {
     pub child: Child,
     pub url: String,
@@ -163,7 +168,24 @@ impl Specd {
 
     /// Start with extra environment variables (e.g. `SPECD_LOG`).
     pub fn start_env(upstream: &str, extra: &[&str], env: &[(&str, &str)]) -> Specd {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_specd"))
+        Specd::spawn(Command::new(bin()), upstream, extra, env)
+    }
+
+    /// Start under a soft open-files limit of `nofile` (a systemd service's default is
+    /// 1024), as its parent would leave it.
+    pub fn start_nofile(upstream: &str, extra: &[&str], nofile: u32) -> Specd {
+        let mut cmd = Command::new("bash");
+        cmd.args([
+            "-c",
+            &format!("ulimit -Sn {nofile} && exec \"$0\" \"$@\""),
+            &bin(),
+        ]);
+        let level = std::env::var("SPECD_LOG").unwrap_or_else(|_| "warn".into());
+        Specd::spawn(cmd, upstream, extra, &[("SPECD_LOG", &level)])
+    }
+
+    fn spawn(mut cmd: Command, upstream: &str, extra: &[&str], env: &[(&str, &str)]) -> Specd {
+        let mut child = cmd
             .args([
                 "serve",
                 "--upstream",
