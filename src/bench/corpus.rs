@@ -112,21 +112,27 @@ pub fn sentences(p: &str) -> Vec<String> {
     out
 }
 
-/// Whole lines of `text` from line `start` (wrapping around) up to about `chars` characters.
+/// Contiguous whole lines of `text` around line `start`, up to about `chars` characters:
+/// from `start` on, then earlier lines when the file ends first.
 pub fn window(text: &str, start: usize, chars: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     if lines.is_empty() {
         return String::new();
     }
-    let mut out = String::new();
-    for i in 0..lines.len() {
-        let l = lines[(start + i) % lines.len()];
-        if !out.is_empty() && out.len() + l.len() + 1 > chars {
-            break;
-        }
-        out.push_str(l);
-        out.push('\n');
+    let start = start.min(lines.len() - 1);
+    let (mut lo, mut hi) = (start, start);
+    let mut size = 0;
+    // Forward first, then backward, one line at a time.
+    while hi < lines.len() && (size == 0 || size + lines[hi].len() < chars) {
+        size += lines[hi].len() + 1;
+        hi += 1;
     }
+    while hi == lines.len() && lo > 0 && size + lines[lo - 1].len() < chars {
+        lo -= 1;
+        size += lines[lo].len() + 1;
+    }
+    let mut out = lines[lo..hi].join("\n");
+    out.push('\n');
     out
 }
 
@@ -222,6 +228,14 @@ mod tests {
         let (_, src) = FILES[0];
         let w = window(src, 10, 500);
         assert!(w.len() <= 500 && w.len() > 300, "{}", w.len());
+        assert!(src.contains(&w), "a window is contiguous");
+        let n = src.lines().count();
+        let tail = window(src, n - 2, 800);
+        assert!(
+            tail.len() > 600 && src.ends_with(tail.trim_start_matches('\n')),
+            "{}",
+            tail.len()
+        );
         let d = document(3, 4_000);
         assert!(d.len() <= 4_000 && d.len() > 2_000, "{}", d.len());
         assert!(d.starts_with("## "));

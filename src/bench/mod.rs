@@ -300,6 +300,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         timeout: std::time::Duration::from_secs_f64(args.timeout.max(1.0)),
         progress: !args.quiet,
     };
+    let upstream_info = match &plan.metrics_url {
+        Some(u) => http.get_text(u).await.ok().and_then(|t| {
+            let s = prom::Scrape::parse(&t);
+            s.labels_of("specd_upstream_info").map(|l| {
+                l.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+        }),
+        None => None,
+    };
     let measured = runner::execute(&http, &plan).await?;
     let has = |l: &str| modes.iter().any(|m| m.label == l);
     let baseline = args.baseline.clone().unwrap_or_else(|| {
@@ -324,6 +336,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         max_model_len,
         specd: specd.clone(),
         upstream: upstream.clone(),
+        upstream_info,
         modes,
         concurrency: args.concurrency.clone(),
         repeats: plan.repeats,

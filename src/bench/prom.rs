@@ -90,6 +90,14 @@ impl Scrape {
             .sum()
     }
 
+    /// Labels of the first sample of `name` (info metrics such as `specd_upstream_info`).
+    pub fn labels_of(&self, name: &str) -> Option<&[(String, String)]> {
+        self.samples
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, l, _)| l.as_slice())
+    }
+
     /// Cumulative histogram buckets of `name` (`<name>_bucket`), summed over other labels,
     /// keyed by their `le` bound.
     pub fn buckets(&self, name: &str) -> Vec<(f64, f64)> {
@@ -242,6 +250,10 @@ weird{a="x\"y,z=1",b="2"} 7
         );
         assert_eq!(s.sum("specd_requests_total", &[("status", "200")]), 3.0);
         assert_eq!(s.sum("weird", &[("a", "x\"y,z=1"), ("b", "2")]), 7.0);
+        assert_eq!(
+            s.labels_of("weird").map(|l| l[1].clone()),
+            Some(("b".to_string(), "2".to_string()))
+        );
         let c = SpecCounters::from_scrape(&s);
         assert_eq!(c.accepted_length, vec![4.0, 3.0, 3.0]);
         assert_eq!(c.tokens_per_round(), Some(30.0 / 18.0));

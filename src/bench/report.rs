@@ -21,6 +21,8 @@ pub struct Meta {
     pub max_model_len: u32,
     pub specd: Option<String>,
     pub upstream: Option<String>,
+    /// What specd detected upstream (labels of `specd_upstream_info`).
+    pub upstream_info: Option<String>,
     pub modes: Vec<Mode>,
     pub concurrency: Vec<usize>,
     pub repeats: usize,
@@ -235,11 +237,15 @@ pub fn markdown(r: &Report) -> String {
         m.cpus,
         m.duration_s
     );
+    if let Some(u) = &m.upstream_info {
+        let _ = writeln!(out, "Upstream as specd detected it: {u}.\n");
+    }
     out.push_str("## Headline: speedup against `");
     out.push_str(&m.baseline);
     out.push_str("`\n\nAggregate output tokens/s relative to the baseline; in brackets τ = tokens per verify round (accepted drafts + 1) and the measured break-even τ (verify round time / plain decode step). Speculation pays when τ exceeds the break-even.\n\n");
     let (h, rows) = headline(r);
     out.push_str(&md_table(&h, &rows));
+    out.push_str("\nModes: `direct` = the upstream itself; `off` = through specd, forwarded unchanged; `on:D` = specd speculates every round with drafter D; `auto` = specd's controller decides per round (relaying plain decoding when speculation would not pay). TTFT, TPOT and tokens/s are measured by the client on streamed responses; tokens per round and acceptance come from each response's `usage.speculation` and, independently, from the change of specd's `/metrics` counters over the same batches.\n");
     out.push_str("\n## Workloads\n\n");
     let wh: Vec<String> = [
         "workload",

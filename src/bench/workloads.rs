@@ -197,9 +197,11 @@ pub fn make(b: &Builtin, i: usize, seed: u64, chars: usize, max_tokens: u32) -> 
                 chars.saturating_sub(300).max(200),
             );
             let task = if b.name == "doc-qa" {
-                let sents: Vec<String> = corpus::sentences(&doc)
-                    .into_iter()
-                    .filter(|s| s.split_whitespace().count() >= 8 && !s.starts_with("##"))
+                let sents: Vec<String> = doc
+                    .split("\n\n")
+                    .filter(|p| !p.starts_with("## "))
+                    .flat_map(corpus::sentences)
+                    .filter(|s| s.split_whitespace().count() >= 8)
                     .collect();
                 let phrase = match sents.get(rng.usize(..sents.len().max(1))) {
                     Some(s) => {
