@@ -8,6 +8,7 @@
 # Env:   ANCHOR=none|graph|compile    also run the plain-PyTorch anchor (torch_decode_anchor.py
 #                                     beside this script) in that mode (default graph)
 #        SHAPES="qwen2.5-0.5b qwen2.5-1.5b"   BATCH=1,8,32   OUT=dir for logs
+#        VARIANTS=0                   skip the variant runs (fused batch-1 GEMVs, no graphs)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REF="$HERE/draft_model_reference.py"
@@ -50,14 +51,15 @@ for s in $SHAPES; do
   run "$W/draft_bench" --model "$W/$s" --device cuda:0 --reference "$W/$s.ref.safetensors" --batch "$BATCH" --json | tee -a "$OUT/bench.txt"
 done
 first="${SHAPES%% *}"
-echo "== variants on $first: cuBLAS and separate norm/activation kernels at batch 1 too; no CUDA graphs"
-SPECD_DRAFT_FUSED=0 run "$W/draft_bench" --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
+[ "${VARIANTS:-1}" = 1 ] || exit 0
+echo "== variants on $first: fused GEMV kernels at batch 1; no CUDA graphs"
+SPECD_DRAFT_FUSED=1 run "$W/draft_bench" --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
 run "$W/draft_bench" --model "$W/$first" --device cuda:0 --batch 1,32 --no-graphs --repeat 3 | tee -a "$OUT/bench.txt"
 
 if [ "$ANCHOR" != none ] && [ -f "$HERE/torch_decode_anchor.py" ]; then
   echo "== PyTorch anchor ($ANCHOR)"
   if [ "$ANCHOR" = compile ]; then
-    python3 "$HERE/torch_decode_anchor.py" compile 2>&1 | grep RESULT | tee -a "$OUT/anchor.txt"
+    timeout "${ANCHOR_TIMEOUT:-300}" python3 "$HERE/torch_decode_anchor.py" compile 2>&1 | grep RESULT | tee -a "$OUT/anchor.txt"
   else
     python3 "$HERE/torch_decode_anchor.py" 2>&1 | grep RESULT | tee -a "$OUT/anchor.txt"
   fi

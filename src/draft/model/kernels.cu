@@ -105,7 +105,7 @@ extern "C" __global__ void rmsnorm(const u16* __restrict__ x, const u16* __restr
 #define PPL ((PAIRS + 31) / 32)
 
 // Bias, per-head RMSNorm (QK_NORM), rotation of queries and keys, and the key/value
-// cache write. One block per token, one warp per head.
+// cache write. Grid (tokens, heads / 8), one warp per head.
 extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __restrict__ bias,
                                     const u16* __restrict__ qn, const u16* __restrict__ kn,
                                     const float* __restrict__ cos_t, const float* __restrict__ sin_t,
@@ -113,11 +113,13 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
                                     u16* __restrict__ q_out, u16* __restrict__ kc,
                                     u16* __restrict__ vc) {
     int t = blockIdx.x;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int p = pos[t];
     size_t cache_row = ((size_t)slot[t] * MAX_LEN + p) * NKV;
     const u16* row = qkv + (size_t)t * QKV_DIM;
-    for (int h = warp; h < NH + 2 * NKV; h += nw) {
+    {
+        int h = blockIdx.y * (blockDim.x >> 5) + warp;
+        if (h >= NH + 2 * NKV) return;
         const u16* src = row + h * HD;
         float x1[PPL], x2[PPL];
         float ss = 0.f;
@@ -142,7 +144,7 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
                 int i = lane + 32 * j;
                 if (i < PAIRS) { dst[i] = from_f(x1[j]); dst[i + PAIRS] = from_f(x2[j]); }
             }
-            continue;
+            return;
         }
 #if QK_NORM
         {
@@ -172,15 +174,11 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 }
 
 #define ATT_THREADS 128
-#if HD <= ATT_THREADS
-#define NG (ATT_THREADS / HD)
-#define DPT 1
-#else
-#define NG 1
-#define DPT (HD / ATT_THREADS)
-#endif
+// Value phase: VT threads cover a value row, 8 dims (16 bytes) each; KG key groups.
+#define VT (HD / 8)
+#define KG (ATT_THREADS / VT)
 // Fewest keys per split: shorter splits cost more in merging than they save.
-#define MIN_SPLIT 64
+#define MIN_SPLIT 16
 
 // Attention of token t's GROUP query heads sharing key/value head blockIdx.y over
 // split blockIdx.z of its keys 0..pos[t], writing [T, NH*HD] to `out`. With several
@@ -194,7 +192,7 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
     __shared__ float qs[GROUP][HD];
     __shared__ float ps[GROUP][ATT_THREADS];
     __shared__ float alpha_s[GROUP], m_s[GROUP], l_s[GROUP];
-    __shared__ float red[NG][GROUP][HD];
+    __shared__ float red[ATT_THREADS / 32][GROUP][HD];
     __shared__ int last_s;
     int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, S = gridDim.z;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -205,12 +203,12 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
     for (int i = tid; i < GROUP * HD; i += ATT_THREADS) qs[i / HD][i % HD] = to_f(qrow[i]) * scale * LOG2E;
     if (tid < GROUP) { m_s[tid] = NEG_INF; l_s[tid] = 0.f; }
     size_t base = (size_t)slot[t] * MAX_LEN * NKV;
-    int d0 = (tid % (HD / DPT)) * DPT, grp = tid / (HD / DPT);
-    float acc[GROUP][DPT];
+    int vd = (tid % VT) * 8, kg = tid / VT;
+    float acc[GROUP][8];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g)
 #pragma unroll
-        for (int e = 0; e < DPT; ++e) acc[g][e] = 0.f;
+        for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
     __syncthreads();
     for (int c = j0; c < j1; c += ATT_THREADS) {
         int n = min(ATT_THREADS, j1 - c);
@@ -254,33 +252,42 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
             }
         }
         __syncthreads();
-        // Weighted values: thread owns DPT dims for keys grp, grp+NG, ...
+        // Weighted values: a thread owns 8 dims of the keys kg, kg+KG, ...
 #pragma unroll
         for (int g = 0; g < GROUP; ++g)
 #pragma unroll
-            for (int e = 0; e < DPT; ++e) acc[g][e] *= alpha_s[g];
-        for (int j = grp; j < n; j += NG) {
-            const u16* vr = vc + (base + (size_t)(c + j) * NKV + kvh) * HD + d0;
+            for (int e = 0; e < 8; ++e) acc[g][e] *= alpha_s[g];
+#pragma unroll 2
+        for (int j = kg; j < n; j += KG) {
+            float vf[8];
+            unpack8(*(const uint4*)(vc + (base + (size_t)(c + j) * NKV + kvh) * HD + vd), vf);
 #pragma unroll
-            for (int e = 0; e < DPT; ++e) {
-                float v = to_f(vr[e]);
+            for (int g = 0; g < GROUP; ++g) {
+                float p = ps[g][j];
 #pragma unroll
-                for (int g = 0; g < GROUP; ++g) acc[g][e] += ps[g][j] * v;
+                for (int e = 0; e < 8; ++e) acc[g][e] += p * vf[e];
             }
         }
         __syncthreads();
     }
-    // Sum the key groups' accumulators (all threads reach every barrier below).
+    // Sum the key groups: lanes VT apart by shuffles, then the warps in shared memory.
 #pragma unroll
-    for (int g = 0; g < GROUP; ++g)
+    for (int off = VT; off < 32; off <<= 1)
 #pragma unroll
-        for (int e = 0; e < DPT; ++e) red[grp][g][d0 + e] = acc[g][e];
+        for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+    if (lane < VT)
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) red[warp][g][vd + e] = acc[g][e];
     __syncthreads();
     for (int i = tid; i < GROUP * HD; i += ATT_THREADS) {
         int g = i / HD, d = i % HD;
         float v = 0.f;
 #pragma unroll
-        for (int k = 0; k < NG; ++k) v += red[k][g][d];
+        for (int k = 0; k < ATT_THREADS / 32; ++k) v += red[k][g][d];
         int h = kvh * GROUP + g;
         if (S == 1) {
             out[(size_t)t * NH * HD + h * HD + d] = from_f(v / l_s[g]);
@@ -305,8 +312,10 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
         int g = i / HD, d = i % HD;
         size_t pi = ((size_t)t * NH + kvh * GROUP + g) * S;
         float M = NEG_INF;
+#pragma unroll 4
         for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(&part_ml[(pi + s) * 2]));
         float num = 0.f, den = 0.f;
+#pragma unroll 4
         for (int s = 0; s < S; ++s) {
             float l = __ldcg(&part_ml[(pi + s) * 2 + 1]);
             if (l == 0.f) continue;
@@ -354,37 +363,41 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
         for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = to_f(x[k]);
     }
     __syncthreads();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o = blockIdx.x * (8 / WPR) + warp / WPR, kp = warp % WPR;
-    float acc = 0.f;
-    if (o < O) {
-        const uint4* wr = (const uint4*)(W + (size_t)o * K);
-        const float4* xv = xs4;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kp = warp % WPR;
+    const float4* xv = xs4;
+    // Row groups are strided over the grid, so the staged input serves several rows.
+    for (int base = blockIdx.x * (8 / WPR); base < O; base += gridDim.x * (8 / WPR)) {
+        int o = base + warp / WPR;
+        float acc = 0.f;
+        if (o < O) {
+            const uint4* wr = (const uint4*)(W + (size_t)o * K);
 #pragma unroll 4
-        for (int k = kp * 32 + lane; k < (K >> 3); k += 32 * WPR) {
-            float wf[8];
-            unpack8(__ldg(wr + k), wf);
-            float4 a = xv[2 * k], b = xv[2 * k + 1];
-            acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w
-                 + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+            for (int k = kp * 32 + lane; k < (K >> 3); k += 32 * WPR) {
+                float wf[8];
+                unpack8(__ldg(wr + k), wf);
+                float4 a = xv[2 * k], b = xv[2 * k + 1];
+                acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w
+                     + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+            }
         }
-    }
-    acc = warp_sum(acc);
-    if (WPR > 1) {
-        if (lane == 0) part[warp] = acc;
-        __syncthreads();
-        if (kp != 0) return;
-        if (lane == 0) {
+        acc = warp_sum(acc);
+        if (WPR > 1) {
+            if (lane == 0) part[warp] = acc;
+            __syncthreads();
+            if (lane == 0 && kp == 0) {
 #pragma unroll
-            for (int k = 1; k < WPR; ++k) acc += part[warp + k];
+                for (int k = 1; k < WPR; ++k) acc += part[warp + k];
+            }
+            __syncthreads();
         }
-    }
-    if (lane != 0 || o >= O) return;
-    if (OUT_F32) {
-        ((float*)y)[o] = rnd(acc);
-    } else {
-        u16* yy = (u16*)y + o;
-        *yy = from_f(accumulate ? to_f(*yy) + acc : acc);
+        if (lane == 0 && kp == 0 && o < O) {
+            if (OUT_F32) {
+                ((float*)y)[o] = rnd(acc);
+            } else {
+                u16* yy = (u16*)y + o;
+                *yy = from_f(accumulate ? to_f(*yy) + acc : acc);
+            }
+        }
     }
 }
 
