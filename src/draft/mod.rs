@@ -1,6 +1,7 @@
 //! Draft sources behind one trait. A drafter proposes up to K tokens for a stream's
 //! context; the round loop verifies them against the upstream.
 
+pub mod model;
 pub mod ngram;
 pub mod suffix;
 pub mod testing;

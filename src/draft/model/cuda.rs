@@ -1,0 +1,432 @@
+//! CUDA engine: the model forward as a fixed sequence of NVRTC-compiled kernels and
+//! GEMMs over preallocated buffers, so that a decode step can be captured once per batch
+//! size and replayed as a CUDA graph.
+//!
+//! Per layer: RMSNorm, QKV projection, one kernel for bias + qk-norm + rotation + cache
+//! write, attention (split over the keys for small batches, the last block merging the
+//! splits), output projection with the residual added in place, RMSNorm, gate/up
+//! projection, SiLU·mul, down projection with the residual added in place; projections
+//! through cuBLAS. With `SPECD_DRAFT_FUSED=1`, a one-token step runs its projections as
+//! GEMV kernels that compute their input (RMSNorm, SiLU·mul) in shared memory (six
+//! kernels a layer); on an H200 that measured no faster, so it is off by default.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc;
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+use cudarc::cublas::{sys as cb, CudaBlas};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    ValidAsZeroBits,
+};
+
+use super::config::ModelConfig;
+use super::weights::Weights;
+use crate::draft::DraftError;
+
+const KERNELS: &str = include_str!("kernels.cu");
+/// Batch sizes with a captured decode graph; a decode step is padded to the next one.
+const BUCKETS: [usize; 10] = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64];
+/// Blocks per row of the two-pass greedy sampling.
+const ARGMAX_BLOCKS: usize = 64;
+/// Largest GEMV input staged in shared memory (floats), within the default 48 KiB.
+const GEMV_MAX_K: usize = 11 * 1024;
+
+fn derr(e: impl std::fmt::Debug) -> DraftError {
+    DraftError::Model(format!("cuda: {e:?}"))
+}
+
+pub struct CudaLoad<'a> {
+    pub weights: &'a Weights,
+    pub cfg: &'a ModelConfig,
+    pub ordinal: usize,
+    pub dtype: DType,
+    pub max_slots: usize,
+    pub max_len: usize,
+    pub max_step_tokens: usize,
+    pub graphs: bool,
+}
+
+/// A device allocation and its raw address (kernels take addresses).
+struct Buf<T> {
+    _s: CudaSlice<T>,
+    p: u64,
+}
+
+fn alloc<T: DeviceRepr + ValidAsZeroBits>(
+    st: &Arc<CudaStream>,
+    n: usize,
+) -> Result<Buf<T>, DraftError> {
+    let s = st.alloc_zeros::<T>(n.max(1)).map_err(derr)?;
+    let p = s.device_ptr(st).0;
+    Ok(Buf { _s: s, p })
+}
+
+fn upload<T: DeviceRepr + ValidAsZeroBits>(
+    st: &Arc<CudaStream>,
+    v: &[T],
+) -> Result<Buf<T>, DraftError> {
+    let mut s = st.alloc_zeros::<T>(v.len().max(1)).map_err(derr)?;
+    st.memcpy_htod(v, &mut s).map_err(derr)?;
+    let p = s.device_ptr(st).0;
+    Ok(Buf { _s: s, p })
+}
+
+/// The 16-bit payload of a bf16/f16 CPU tensor.
+fn bits16(t: &Tensor) -> Result<Vec<u16>, DraftError> {
+    let t = t.flatten_all().and_then(|t| t.contiguous()).map_err(derr)?;
+    let (storage, layout) = t.storage_and_layout();
+    let (a, b) = (
+        layout.start_offset(),
+        layout.start_offset() + t.elem_count(),
+    );
+    match &*storage {
+        Storage::Cpu(CpuStorage::BF16(v)) => Ok(v[a..b].iter().map(|x| x.to_bits()).collect()),
+        Storage::Cpu(CpuStorage::F16(v)) => Ok(v[a..b].iter().map(|x| x.to_bits()).collect()),
+        _ => Err(DraftError::Model("expected a 16-bit CPU tensor".into())),
+    }
+}
+
+struct Kernels {
+    embed: CudaFunction,
+    rmsnorm: CudaFunction,
+    qkv_post: CudaFunction,
+    attn: CudaFunction,
+    silu_mul: CudaFunction,
+    /// gemv[mode][log2 warps per row][f32 output]
+    gemv: Vec<Vec<[CudaFunction; 2]>>,
+    argmax_part: CudaFunction,
+    argmax_final: CudaFunction,
+}
+
+/// What a projection computes its input from.
+#[derive(Clone, Copy)]
+enum Input {
+    Plain,
+    /// RMSNorm with these weights.
+    Norm(u64),
+    /// SiLU(gate)·up of a gate/up output.
+    SiluMul,
+}
+
+struct LayerW {
+    ln1: u64,
+    qkv: u64,
+    qkv_bias: u64,
+    q_norm: u64,
+    k_norm: u64,
+    o: u64,
+    ln2: u64,
+    gate_up: u64,
+    down: u64,
+}
+
+struct Acts {
+    ids: Buf<i32>,
+    pos: Buf<i32>,
+    slot: Buf<i32>,
+    rows: Buf<i32>,
+    x: Buf<u16>,
+    h: Buf<u16>,
+    qkv: Buf<u16>,
+    q: Buf<u16>,
+    attn: Buf<u16>,
+    gu: Buf<u16>,
+    act: Buf<u16>,
+    xs: Buf<u16>,
+    part_o: Buf<f32>,
+    part_ml: Buf<f32>,
+    counters: Buf<u32>,
+    logits: Buf<f32>,
+    am_part: Buf<f32>,
+    tok: Buf<i32>,
+    prob: Buf<f32>,
+    cos: Buf<f32>,
+    sin: Buf<f32>,
+}
+
+pub struct CudaEngine {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    k: Kernels,
+    cfg: ModelConfig,
+    cu_dtype: cb::cudaDataType,
+    _weights: Vec<Buf<u16>>,
+    layers: Vec<LayerW>,
+    embed: u64,
+    lm_head: u64,
+    norm: u64,
+    kc: Buf<u16>,
+    vc: Buf<u16>,
+    layer_kv: usize,
+    a: Acts,
+    _workspace: Buf<u8>,
+    max_slots: usize,
+    max_len: usize,
+    max_tokens: usize,
+    max_rows: usize,
+    fused: bool,
+    /// Multiprocessors of the device, to size grids.
+    sms: usize,
+    use_graphs: bool,
+    graphs: HashMap<usize, CudaGraph>,
+    h_ids: Vec<i32>,
+    h_pos: Vec<i32>,
+    h_slot: Vec<i32>,
+    h_rows: Vec<i32>,
+    last_rows: usize,
+}
+
+/// Key splits of attention for a pure decode step of `rows` rows: enough blocks to
+/// cover the GPU when there are few rows.
+fn splits_for(rows: usize, kv_heads: usize, sms: usize) -> usize {
+    (2 * sms).div_ceil(rows * kv_heads).clamp(1, 16)
+}
+
+macro_rules! launch {
+    ($st:expr, $f:expr, $grid:expr, $block:expr; $($arg:expr),* $(,)?) => {
+        launch!($st, $f, $grid, $block, 0; $($arg),*)
+    };
+    ($st:expr, $f:expr, $grid:expr, $block:expr, $smem:expr; $($arg:expr),* $(,)?) => {{
+        let __cfg = LaunchConfig { grid_dim: $grid, block_dim: ($block, 1, 1), shared_mem_bytes: $smem };
+        let mut __b = $st.launch_builder($f);
+        $( let __arg = $arg; __b.arg(&__arg); )*
+        // SAFETY: the kernels' signatures match these arguments, and every address points
+        // into an allocation owned by the engine, sized for the largest step.
+        unsafe { __b.launch(__cfg) }.map(|_| ()).map_err(derr)
+    }};
+}
+
+mod exec;
+
+impl CudaEngine {
+    pub fn load(l: CudaLoad<'_>) -> Result<Self, DraftError> {
+        let c = l.cfg;
+        let (h, d, nh, nkv, inter) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_heads,
+            c.num_kv_heads,
+            c.intermediate_size,
+        );
+        if h % 8 != 0
+            || d % 8 != 0
+            || inter % 8 != 0
+            || (nh * d) % 8 != 0
+            || ![16, 32, 64, 128, 256].contains(&d)
+        {
+            return Err(DraftError::Model(format!(
+                "the CUDA engine needs hidden/intermediate sizes divisible by 8 and head_dim in 16..256 (got {h}, {inter}, {d}); use f32 for the candle forward"
+            )));
+        }
+        let ctx = CudaContext::new(l.ordinal).map_err(derr)?;
+        // SAFETY: the engine uses a single stream, so cross-stream event tracking is moot.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(derr)?;
+        let (maj, min) = ctx.compute_capability().map_err(derr)?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(derr)?
+            .max(1) as usize;
+        // Static shared memory of the attention kernel (queries, scores, per-warp sums).
+        let group = nh / nkv;
+        if group * d * 20 + group * 512 > 46 * 1024 {
+            return Err(DraftError::Model(format!(
+                "the CUDA engine does not support {group} query heads per key/value head of \
+                 dimension {d}; use f32 for the candle forward"
+            )));
+        }
+        let defs = format!(
+            "#define HIDDEN {h}\n#define NH {nh}\n#define NKV {nkv}\n#define HD {d}\n#define GROUP {}\n\
+             #define INTER {inter}\n#define MAX_LEN {}\n#define EPS {:e}f\n#define QK_NORM {}\n#define DT_BF16 {}\n",
+            nh / nkv,
+            l.max_len,
+            c.rms_norm_eps,
+            c.qk_norm as i32,
+            (l.dtype == DType::BF16) as i32,
+        );
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![
+                format!("--gpu-architecture=sm_{maj}{min}"),
+                "-std=c++17".into(),
+            ],
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(format!("{defs}{KERNELS}"), opts)
+            .map_err(|e| DraftError::Model(format!("compiling the draft kernels: {e}")))?;
+        let module = ctx.load_module(ptx).map_err(derr)?;
+        let f = |n: &str| module.load_function(n).map_err(derr);
+        let k = Kernels {
+            embed: f("embed")?,
+            rmsnorm: f("rmsnorm")?,
+            qkv_post: f("qkv_post")?,
+            attn: f("attn")?,
+            silu_mul: f("silu_mul")?,
+            gemv: (0..3)
+                .map(|m| {
+                    [1, 2, 4, 8]
+                        .iter()
+                        .map(|w| {
+                            Ok([
+                                f(&format!("gemv_m{m}_w{w}"))?,
+                                f(&format!("gemv_m{m}_w{w}_f32"))?,
+                            ])
+                        })
+                        .collect::<Result<Vec<_>, DraftError>>()
+                })
+                .collect::<Result<_, _>>()?,
+            argmax_part: f("argmax_part")?,
+            argmax_final: f("argmax_final")?,
+        };
+
+        // Weights, with q/k/v and gate/up concatenated into one projection each.
+        let w = l.weights;
+        let mut owned = Vec::new();
+        let mut put = |t: Tensor| -> Result<u64, DraftError> {
+            let b = upload(&stream, &bits16(&t)?)?;
+            let p = b.p;
+            owned.push(b);
+            Ok(p)
+        };
+        let get = |name: &str, shape: &[usize]| w.get(&w.name(name), shape, l.dtype, &Device::Cpu);
+        let cat = |ts: &[Tensor]| Tensor::cat(ts, 0).map_err(derr);
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let p = format!("layers.{i}");
+            let proj = |n: &str, o: usize| get(&format!("{p}.self_attn.{n}_proj.weight"), &[o, h]);
+            let qkv = cat(&[proj("q", nh * d)?, proj("k", nkv * d)?, proj("v", nkv * d)?])?;
+            let bias = |n: &str, o: usize| get(&format!("{p}.self_attn.{n}_proj.bias"), &[o]);
+            let qkv_bias = if w.has(&w.name(&format!("{p}.self_attn.q_proj.bias"))) {
+                put(cat(&[
+                    bias("q", nh * d)?,
+                    bias("k", nkv * d)?,
+                    bias("v", nkv * d)?,
+                ])?)?
+            } else {
+                0
+            };
+            let mlp = |n: &str| get(&format!("{p}.mlp.{n}_proj.weight"), &[inter, h]);
+            let (q_norm, k_norm) = if c.qk_norm {
+                (
+                    put(get(&format!("{p}.self_attn.q_norm.weight"), &[d])?)?,
+                    put(get(&format!("{p}.self_attn.k_norm.weight"), &[d])?)?,
+                )
+            } else {
+                (0, 0)
+            };
+            layers.push(LayerW {
+                ln1: put(get(&format!("{p}.input_layernorm.weight"), &[h])?)?,
+                qkv: put(qkv)?,
+                qkv_bias,
+                q_norm,
+                k_norm,
+                o: put(get(&format!("{p}.self_attn.o_proj.weight"), &[h, nh * d])?)?,
+                ln2: put(get(&format!("{p}.post_attention_layernorm.weight"), &[h])?)?,
+                gate_up: put(cat(&[mlp("gate")?, mlp("up")?])?)?,
+                down: put(get(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?)?,
+            });
+        }
+        let embed = put(get("embed_tokens.weight", &[c.vocab_size, h])?)?;
+        let lm_name = w.lm_head_name();
+        let lm_head = if lm_name == w.name("embed_tokens.weight") {
+            embed
+        } else {
+            put(w.get(&lm_name, &[c.vocab_size, h], l.dtype, &Device::Cpu)?)?
+        };
+        let norm = put(get("norm.weight", &[h])?)?;
+
+        let slots = l.max_slots + 1; // the last one takes the padding rows of a graph step
+        let layer_kv = slots * l.max_len * nkv * d;
+        let kc = alloc::<u16>(&stream, c.num_layers * layer_kv)?;
+        let vc = alloc::<u16>(&stream, c.num_layers * layer_kv)?;
+        let max_rows = l.max_slots.max(1);
+        let max_tokens = l.max_step_tokens.max(
+            *BUCKETS
+                .iter()
+                .find(|&&b| b >= max_rows)
+                .unwrap_or(&max_rows),
+        );
+        let max_rows_padded = max_tokens.min(
+            BUCKETS
+                .iter()
+                .copied()
+                .find(|&b| b >= max_rows)
+                .unwrap_or(max_rows),
+        );
+        let part_rows = (1..=max_rows_padded)
+            .map(|b| b * splits_for(b, nkv, sms))
+            .max()
+            .unwrap_or(1);
+        let (cos, sin) = c.rope_tables(l.max_len);
+        let t = max_tokens;
+        let a = Acts {
+            ids: alloc(&stream, t)?,
+            pos: alloc(&stream, t)?,
+            slot: alloc(&stream, t)?,
+            rows: alloc(&stream, t)?,
+            x: alloc(&stream, t * h)?,
+            h: alloc(&stream, t * h)?,
+            qkv: alloc(&stream, t * (nh + 2 * nkv) * d)?,
+            q: alloc(&stream, t * nh * d)?,
+            attn: alloc(&stream, t * nh * d)?,
+            gu: alloc(&stream, t * 2 * inter)?,
+            act: alloc(&stream, t * inter)?,
+            xs: alloc(&stream, max_rows_padded * h)?,
+            part_o: alloc(&stream, part_rows * nh * d)?,
+            part_ml: alloc(&stream, part_rows * nh * 2)?,
+            counters: alloc(&stream, t * nkv)?,
+            logits: alloc(&stream, max_rows_padded * c.vocab_size)?,
+            am_part: alloc(&stream, max_rows_padded * ARGMAX_BLOCKS * 3)?,
+            tok: alloc(&stream, max_rows_padded)?,
+            prob: alloc(&stream, max_rows_padded)?,
+            cos: upload(&stream, &cos)?,
+            sin: upload(&stream, &sin)?,
+        };
+        let blas = CudaBlas::new(stream.clone()).map_err(derr)?;
+        let workspace = alloc::<u8>(&stream, 32 << 20)?;
+        // SAFETY: the workspace outlives the handle's use (both belong to the engine); a
+        // fixed workspace keeps cuBLAS from allocating while a graph is captured.
+        let st =
+            unsafe { cb::cublasSetWorkspace_v2(*blas.handle(), workspace.p as *mut _, 32 << 20) };
+        if st != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(derr(st));
+        }
+        let fused = std::env::var("SPECD_DRAFT_FUSED").is_ok_and(|v| v == "1");
+        stream.synchronize().map_err(derr)?;
+        Ok(Self {
+            stream,
+            blas,
+            k,
+            cfg: c.clone(),
+            cu_dtype: if l.dtype == DType::BF16 {
+                cb::cudaDataType::CUDA_R_16BF
+            } else {
+                cb::cudaDataType::CUDA_R_16F
+            },
+            _weights: owned,
+            layers,
+            embed,
+            lm_head,
+            norm,
+            kc,
+            vc,
+            layer_kv,
+            a,
+            _workspace: workspace,
+            max_slots: l.max_slots,
+            max_len: l.max_len,
+            max_tokens,
+            max_rows: max_rows_padded,
+            fused,
+            sms,
+            use_graphs: l.graphs,
+            graphs: HashMap::new(),
+            h_ids: Vec::new(),
+            h_pos: Vec::new(),
+            h_slot: Vec::new(),
+            h_rows: Vec::new(),
+            last_rows: 0,
+        })
+    }
+}

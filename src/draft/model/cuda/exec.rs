@@ -1,0 +1,373 @@
+//! Running the CUDA engine: queuing a step's kernels, graph capture and replay.
+
+use candle_core::cuda_backend::cudarc;
+use cudarc::cublas::sys as cb;
+use cudarc::driver::{result, sys, CudaGraph, LaunchConfig, PushKernelArg};
+
+use super::{derr, splits_for, CudaEngine, Input, ARGMAX_BLOCKS, BUCKETS, GEMV_MAX_K};
+use crate::draft::model::batch::{Engine, RowStep, Sample};
+use crate::draft::DraftError;
+
+impl CudaEngine {
+    fn fused_gemv(&self, n: usize, k: usize) -> bool {
+        self.fused && n == 1 && k <= GEMV_MAX_K
+    }
+
+    /// y[n, o] (+)= in(x)[n, k] · W[o, k]ᵀ, where `in` is `input` applied to x.
+    #[allow(clippy::too_many_arguments)]
+    fn proj(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        o: usize,
+        k: usize,
+        n: usize,
+        input: Input,
+        accumulate: bool,
+        out_f32: bool,
+    ) -> Result<(), DraftError> {
+        let st = &self.stream;
+        if self.fused_gemv(n, k) {
+            // Enough blocks to cover the GPU: small outputs split each row over warps.
+            let wpr = [1usize, 2, 4, 8]
+                .into_iter()
+                .find(|w| o * w / 8 >= 264)
+                .unwrap_or(8);
+            let (mode, nw) = match input {
+                Input::Plain => (0, 0u64),
+                Input::Norm(nw) => (1, nw),
+                Input::SiluMul => (2, 0),
+            };
+            let f = &self.k.gemv[mode][wpr.trailing_zeros() as usize][out_f32 as usize];
+            // Row groups beyond a few blocks per multiprocessor are strided in-kernel, so
+            // each block stages its input once for several rows.
+            let grid = (o.div_ceil(8 / wpr).min(8 * self.sms) as u32, 1, 1);
+            return launch!(st, f, grid, 256, (k * 4) as u32; w, x, nw, y, o as i32, k as i32, accumulate as i32);
+        }
+        let x = match input {
+            Input::Plain => x,
+            Input::Norm(nw) => {
+                launch!(st, &self.k.rmsnorm, (n as u32, 1, 1), 256; x, nw, self.a.h.p, 0u64)?;
+                self.a.h.p
+            }
+            Input::SiluMul => {
+                let blocks = (n * k).div_ceil(256).min(8 * self.sms) as u32;
+                launch!(st, &self.k.silu_mul, (blocks, 1, 1), 256; x, self.a.act.p, n as i32)?;
+                self.a.act.p
+            }
+        };
+        self.gemm(w, x, y, o, k, n, accumulate, out_f32)
+    }
+
+    /// cuBLAS: y[n, o] (+)= x[n, k] · W[o, k]ᵀ
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        o: usize,
+        k: usize,
+        n: usize,
+        accumulate: bool,
+        out_f32: bool,
+    ) -> Result<(), DraftError> {
+        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
+        let out_t = if out_f32 {
+            cb::cudaDataType::CUDA_R_32F
+        } else {
+            self.cu_dtype
+        };
+        // Column-major view: Yᵀ (o×n) = Wᵀ-as-stored (k×o)ᵀ · Xᵀ (k×n).
+        // SAFETY: addresses and sizes describe engine-owned buffers of these shapes.
+        let st = unsafe {
+            cb::cublasGemmEx(
+                *self.blas.handle(),
+                cb::cublasOperation_t::CUBLAS_OP_T,
+                cb::cublasOperation_t::CUBLAS_OP_N,
+                o as i32,
+                n as i32,
+                k as i32,
+                &alpha as *const f32 as *const _,
+                w as *const _,
+                self.cu_dtype,
+                k as i32,
+                x as *const _,
+                self.cu_dtype,
+                k as i32,
+                &beta as *const f32 as *const _,
+                y as *mut _,
+                out_t,
+                o as i32,
+                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if st != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(derr(st));
+        }
+        Ok(())
+    }
+
+    /// Queue the whole forward for `nt` tokens already uploaded, sampling `nr` rows.
+    fn encode(&self, nt: usize, nr: usize, splits: usize) -> Result<(), DraftError> {
+        let c = &self.cfg;
+        let (h, d, nh, nkv, inter) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_heads,
+            c.num_kv_heads,
+            c.intermediate_size,
+        );
+        let a = &self.a;
+        let st = &self.stream;
+        let ntu = nt as u32;
+        launch!(st, &self.k.embed, (ntu, 1, 1), 128; a.ids.p, self.embed, a.x.p)?;
+        let scale = 1f32 / (d as f32).sqrt();
+        for (i, l) in self.layers.iter().enumerate() {
+            let (kc, vc) = (
+                self.kc.p + (i * self.layer_kv * 2) as u64,
+                self.vc.p + (i * self.layer_kv * 2) as u64,
+            );
+            self.proj(
+                l.qkv,
+                a.x.p,
+                a.qkv.p,
+                (nh + 2 * nkv) * d,
+                h,
+                nt,
+                Input::Norm(l.ln1),
+                false,
+                false,
+            )?;
+            let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
+            launch!(st, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
+                a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos.p, a.slot.p, a.q.p, kc, vc)?;
+            launch!(st, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
+                a.q.p, kc, vc, a.pos.p, a.slot.p, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale)?;
+            self.proj(
+                l.o,
+                a.attn.p,
+                a.x.p,
+                h,
+                nh * d,
+                nt,
+                Input::Plain,
+                true,
+                false,
+            )?;
+            self.proj(
+                l.gate_up,
+                a.x.p,
+                a.gu.p,
+                2 * inter,
+                h,
+                nt,
+                Input::Norm(l.ln2),
+                false,
+                false,
+            )?;
+            self.proj(
+                l.down,
+                a.gu.p,
+                a.x.p,
+                h,
+                inter,
+                nt,
+                Input::SiluMul,
+                true,
+                false,
+            )?;
+        }
+        // Final norm of the sampled rows, then the output projection.
+        if self.fused_gemv(nr, h) {
+            let row = self.h_rows.first().copied().unwrap_or(0) as u64;
+            let x = a.x.p + row * (h as u64) * 2;
+            self.proj(
+                self.lm_head,
+                x,
+                a.logits.p,
+                c.vocab_size,
+                h,
+                1,
+                Input::Norm(self.norm),
+                false,
+                true,
+            )?;
+        } else {
+            launch!(st, &self.k.rmsnorm, (nr as u32, 1, 1), 256; a.x.p, self.norm, a.xs.p, a.rows.p)?;
+            self.gemm(
+                self.lm_head,
+                a.xs.p,
+                a.logits.p,
+                c.vocab_size,
+                h,
+                nr,
+                false,
+                true,
+            )?;
+        }
+        launch!(st, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, c.vocab_size as i32, a.am_part.p)?;
+        launch!(st, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, a.tok.p, a.prob.p)
+    }
+
+    fn upload_inputs(&mut self, n: usize, nr: usize) -> Result<(), DraftError> {
+        let st = &self.stream;
+        let copy = |src: &[i32], dst: u64| -> Result<(), DraftError> {
+            // SAFETY: dst is an engine-owned buffer of at least max_tokens i32 and
+            // src.len() <= max_tokens (checked by the caller).
+            unsafe { result::memcpy_htod_async(dst, src, st.cu_stream()) }.map_err(derr)
+        };
+        copy(&self.h_ids[..n], self.a.ids.p)?;
+        copy(&self.h_pos[..n], self.a.pos.p)?;
+        copy(&self.h_slot[..n], self.a.slot.p)?;
+        copy(&self.h_rows[..nr], self.a.rows.p)
+    }
+
+    fn download(&self, nr: usize) -> Result<Vec<Sample>, DraftError> {
+        let mut tok = vec![0i32; nr];
+        let mut prob = vec![0f32; nr];
+        // SAFETY: tok/prob hold at least nr entries on the device and on the host.
+        unsafe {
+            result::memcpy_dtoh_async(&mut tok, self.a.tok.p, self.stream.cu_stream())
+                .map_err(derr)?;
+            result::memcpy_dtoh_async(&mut prob, self.a.prob.p, self.stream.cu_stream())
+                .map_err(derr)?;
+        }
+        self.stream.synchronize().map_err(derr)?;
+        Ok(tok
+            .into_iter()
+            .zip(prob)
+            .map(|(t, p)| Sample {
+                token: t as u32,
+                prob: p,
+            })
+            .collect())
+    }
+
+    fn capture(&self, bucket: usize, splits: usize) -> Result<CudaGraph, DraftError> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(derr)?;
+        let queued = self.encode(bucket, bucket, splits);
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(derr);
+        queued?;
+        let graph = graph?.ok_or_else(|| DraftError::Model("empty CUDA graph".into()))?;
+        graph.upload().map_err(derr)?;
+        Ok(graph)
+    }
+}
+
+impl Engine for CudaEngine {
+    fn name(&self) -> &'static str {
+        if self.use_graphs {
+            "cuda-graph"
+        } else {
+            "cuda"
+        }
+    }
+
+    fn step(&mut self, rows: &[RowStep<'_>]) -> Result<Vec<Sample>, DraftError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let nt: usize = rows.iter().map(|r| r.tokens.len()).sum();
+        if rows.len() > self.max_rows || nt > self.max_tokens {
+            return Err(DraftError::Model(format!(
+                "step of {} rows / {nt} tokens exceeds the engine's buffers",
+                rows.len()
+            )));
+        }
+        for r in rows {
+            if r.slot >= self.max_slots
+                || r.tokens.is_empty()
+                || r.start + r.tokens.len() > self.max_len
+            {
+                return Err(DraftError::Model(format!(
+                    "row (slot {}, {} tokens at {}) out of range",
+                    r.slot,
+                    r.tokens.len(),
+                    r.start
+                )));
+            }
+        }
+        let decode = rows.iter().all(|r| r.tokens.len() == 1);
+        let bucket = BUCKETS
+            .iter()
+            .copied()
+            .find(|&b| b >= rows.len() && b <= self.max_rows);
+        let n = if decode { bucket.unwrap_or(nt) } else { nt };
+        self.h_ids.clear();
+        self.h_pos.clear();
+        self.h_slot.clear();
+        self.h_rows.clear();
+        for r in rows {
+            for (j, &t) in r.tokens.iter().enumerate() {
+                self.h_ids.push(t as i32);
+                self.h_pos.push((r.start + j) as i32);
+                self.h_slot.push(r.slot as i32);
+            }
+            self.h_rows.push(self.h_ids.len() as i32 - 1);
+        }
+        // Padding rows of a graph bucket: token 0 at position 0 of the spare slot.
+        while self.h_ids.len() < n {
+            self.h_rows.push(self.h_ids.len() as i32);
+            self.h_ids.push(0);
+            self.h_pos.push(0);
+            self.h_slot.push(self.max_slots as i32);
+        }
+        let nr = if decode { n } else { rows.len() };
+        self.upload_inputs(n, nr)?;
+        let splits = if decode {
+            splits_for(n, self.cfg.num_kv_heads, self.sms)
+        } else {
+            1
+        };
+        let graphed = decode && self.use_graphs && bucket.is_some();
+        let mut samples = if graphed && self.graphs.contains_key(&n) {
+            self.graphs[&n].launch().map_err(derr)?;
+            self.download(nr)?
+        } else {
+            self.encode(n, nr, splits)?;
+            let s = self.download(nr)?;
+            if graphed {
+                // Captured after an eager run of the same shape, so that lazily loaded
+                // library kernels are resident before capture.
+                let g = self.capture(n, splits)?;
+                self.graphs.insert(n, g);
+            }
+            s
+        };
+        samples.truncate(rows.len());
+        self.last_rows = rows.len();
+        Ok(samples)
+    }
+
+    fn last_logits(&mut self) -> Result<Vec<Vec<f32>>, DraftError> {
+        let v = self.cfg.vocab_size;
+        let mut out = vec![0f32; self.last_rows * v];
+        // SAFETY: the logits buffer holds max_rows >= last_rows rows of v floats.
+        unsafe {
+            result::memcpy_dtoh_async(&mut out, self.a.logits.p, self.stream.cu_stream())
+                .map_err(derr)?;
+        }
+        self.stream.synchronize().map_err(derr)?;
+        Ok(out.chunks(v).map(|c| c.to_vec()).collect())
+    }
+
+    fn max_slots(&self) -> usize {
+        self.max_slots
+    }
+
+    fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    fn max_step_tokens(&self) -> usize {
+        self.max_tokens
+    }
+}

@@ -1,0 +1,484 @@
+// Kernels of specd's CUDA draft-model engine, compiled at load time with NVRTC.
+// The model's dimensions arrive as macros (HIDDEN, NH, NKV, HD, GROUP, INTER, MAX_LEN,
+// EPS, QK_NORM, DT_BF16) so loops have constant bounds. No CUDA headers are needed:
+// 16-bit values are stored as unsigned short and converted by hand.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define LOG2E 1.4426950408889634f
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ float to_f(u16 x) {
+#if DT_BF16
+    return __uint_as_float(((u32)x) << 16);
+#else
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(x));
+    return f;
+#endif
+}
+
+__device__ __forceinline__ u16 from_f(float f) {
+#if DT_BF16
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+#else
+    u16 h;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
+    return h;
+#endif
+}
+
+// Round to the model dtype, as the reference computes in it.
+__device__ __forceinline__ float rnd(float f) { return to_f(from_f(f)); }
+
+__device__ __forceinline__ void unpack8(uint4 v, float* f) {
+#if DT_BF16
+    f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
+    f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
+    f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
+#else
+    f[0] = to_f((u16)(v.x & 0xffff)); f[1] = to_f((u16)(v.x >> 16));
+    f[2] = to_f((u16)(v.y & 0xffff)); f[3] = to_f((u16)(v.y >> 16));
+    f[4] = to_f((u16)(v.z & 0xffff)); f[5] = to_f((u16)(v.z >> 16));
+    f[6] = to_f((u16)(v.w & 0xffff)); f[7] = to_f((u16)(v.w >> 16));
+#endif
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of blockDim.x (a multiple of 32, at most 1024) threads.
+__device__ float block_sum(float v, float* red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? red[lane] : 0.f;
+    return warp_sum(t);
+}
+
+// x[t] = embedding[ids[t]]
+extern "C" __global__ void embed(const int* __restrict__ ids, const u16* __restrict__ table,
+                                 u16* __restrict__ x) {
+    int t = blockIdx.x;
+    const uint4* src = (const uint4*)(table + (size_t)ids[t] * HIDDEN);
+    uint4* dst = (uint4*)(x + (size_t)t * HIDDEN);
+    for (int i = threadIdx.x; i < HIDDEN / 8; i += blockDim.x) dst[i] = src[i];
+}
+
+// out[r] = rmsnorm(x[rows ? rows[r] : r]) * w, rounded like the reference
+// (normalize in f32, round, multiply by the weight, round).
+extern "C" __global__ void rmsnorm(const u16* __restrict__ x, const u16* __restrict__ w,
+                                   u16* __restrict__ out, const int* __restrict__ rows) {
+    __shared__ float red[32];
+    int r = blockIdx.x;
+    int src = rows ? rows[r] : r;
+    const u16* xr = x + (size_t)src * HIDDEN;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < HIDDEN; i += blockDim.x) {
+        float v = to_f(xr[i]);
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss, red) / HIDDEN + EPS);
+    u16* o = out + (size_t)r * HIDDEN;
+    for (int i = threadIdx.x; i < HIDDEN; i += blockDim.x)
+        o[i] = from_f(to_f(w[i]) * rnd(to_f(xr[i]) * inv));
+}
+
+#define QKV_DIM ((NH + 2 * NKV) * HD)
+#define PAIRS (HD / 2)
+#define PPL ((PAIRS + 31) / 32)
+
+// Bias, per-head RMSNorm (QK_NORM), rotation of queries and keys, and the key/value
+// cache write. Grid (tokens, heads / 8), one warp per head.
+extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __restrict__ bias,
+                                    const u16* __restrict__ qn, const u16* __restrict__ kn,
+                                    const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                    const int* __restrict__ pos, const int* __restrict__ slot,
+                                    u16* __restrict__ q_out, u16* __restrict__ kc,
+                                    u16* __restrict__ vc) {
+    int t = blockIdx.x;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int p = pos[t];
+    size_t cache_row = ((size_t)slot[t] * MAX_LEN + p) * NKV;
+    const u16* row = qkv + (size_t)t * QKV_DIM;
+    {
+        int h = blockIdx.y * (blockDim.x >> 5) + warp;
+        if (h >= NH + 2 * NKV) return;
+        const u16* src = row + h * HD;
+        float x1[PPL], x2[PPL];
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < PPL; ++j) {
+            int i = lane + 32 * j;
+            x1[j] = 0.f; x2[j] = 0.f;
+            if (i < PAIRS) {
+                float a = to_f(src[i]), b = to_f(src[i + PAIRS]);
+                if (bias) {
+                    a = rnd(a + to_f(bias[h * HD + i]));
+                    b = rnd(b + to_f(bias[h * HD + i + PAIRS]));
+                }
+                x1[j] = a; x2[j] = b;
+                ss += a * a + b * b;
+            }
+        }
+        if (h >= NH + NKV) {  // value: straight into the cache
+            u16* dst = vc + (cache_row + (h - NH - NKV)) * HD;
+#pragma unroll
+            for (int j = 0; j < PPL; ++j) {
+                int i = lane + 32 * j;
+                if (i < PAIRS) { dst[i] = from_f(x1[j]); dst[i + PAIRS] = from_f(x2[j]); }
+            }
+            return;
+        }
+#if QK_NORM
+        {
+            float inv = rsqrtf(warp_sum(ss) / HD + EPS);
+            const u16* nw_ = h < NH ? qn : kn;
+#pragma unroll
+            for (int j = 0; j < PPL; ++j) {
+                int i = lane + 32 * j;
+                if (i < PAIRS) {
+                    x1[j] = rnd(to_f(nw_[i]) * rnd(x1[j] * inv));
+                    x2[j] = rnd(to_f(nw_[i + PAIRS]) * rnd(x2[j] * inv));
+                }
+            }
+        }
+#endif
+        u16* dst = h < NH ? q_out + (size_t)t * NH * HD + h * HD : kc + (cache_row + (h - NH)) * HD;
+#pragma unroll
+        for (int j = 0; j < PPL; ++j) {
+            int i = lane + 32 * j;
+            if (i < PAIRS) {
+                float c = rnd(cos_t[(size_t)p * PAIRS + i]), s = rnd(sin_t[(size_t)p * PAIRS + i]);
+                dst[i] = from_f(rnd(x1[j] * c) - rnd(x2[j] * s));
+                dst[i + PAIRS] = from_f(rnd(x2[j] * c) + rnd(x1[j] * s));
+            }
+        }
+    }
+}
+
+#define ATT_THREADS 128
+// Value phase: VT threads cover a value row, 8 dims (16 bytes) each; KG key groups.
+#define VT (HD / 8)
+#define KG (ATT_THREADS / VT)
+// Fewest keys per split: shorter splits cost more in merging than they save.
+#define MIN_SPLIT 16
+
+// Attention of token t's GROUP query heads sharing key/value head blockIdx.y over
+// split blockIdx.z of its keys 0..pos[t], writing [T, NH*HD] to `out`. With several
+// splits each block leaves its unnormalized sums and (max, sum) in part_o
+// ([T, NH, S, HD]) and part_ml ([T, NH, S, 2]); the last block of a (token, kv head) to
+// finish merges them (counters must start at zero; the merging block resets its own).
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+     const int* __restrict__ pos, const int* __restrict__ slot, u16* __restrict__ out,
+     float* part_o, float* part_ml, unsigned int* counters, float scale) {
+    __shared__ float qs[GROUP][HD];
+    __shared__ float ps[GROUP][ATT_THREADS];
+    __shared__ float alpha_s[GROUP], m_s[GROUP], l_s[GROUP];
+    __shared__ float red[ATT_THREADS / 32][GROUP][HD];
+    __shared__ int last_s;
+    int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, S = gridDim.z;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int L = pos[t] + 1;
+    int per = max(MIN_SPLIT, (L + S - 1) / S);
+    int j0 = sp * per, j1 = min(L, j0 + per);
+    const u16* qrow = q + (size_t)t * NH * HD + (size_t)kvh * GROUP * HD;
+    for (int i = tid; i < GROUP * HD; i += ATT_THREADS) qs[i / HD][i % HD] = to_f(qrow[i]) * scale * LOG2E;
+    if (tid < GROUP) { m_s[tid] = NEG_INF; l_s[tid] = 0.f; }
+    size_t base = (size_t)slot[t] * MAX_LEN * NKV;
+    int vd = (tid % VT) * 8, kg = tid / VT;
+    float acc[GROUP][8];
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+    __syncthreads();
+    for (int c = j0; c < j1; c += ATT_THREADS) {
+        int n = min(ATT_THREADS, j1 - c);
+        // Scores: one key per thread.
+        if (tid < n) {
+            const uint4* kr = (const uint4*)(kc + (base + (size_t)(c + tid) * NKV + kvh) * HD);
+            float dot[GROUP];
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) dot[g] = 0.f;
+#pragma unroll 4
+            for (int v8 = 0; v8 < HD / 8; ++v8) {
+                float kf[8];
+                unpack8(kr[v8], kf);
+#pragma unroll
+                for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) dot[g] += qs[g][v8 * 8 + e] * kf[e];
+            }
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) ps[g][tid] = dot[g];
+        }
+        __syncthreads();
+        // Online softmax update, one warp per head of the group.
+        for (int g = warp; g < GROUP; g += ATT_THREADS / 32) {
+            float mx = NEG_INF;
+            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ps[g][j]);
+            mx = warp_max(mx);
+            float m_old = m_s[g], m_new = fmaxf(m_old, mx);
+            float sum = 0.f;
+            for (int j = lane; j < n; j += 32) {
+                float e = exp2f(ps[g][j] - m_new);
+                ps[g][j] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                float a = exp2f(m_old - m_new);
+                alpha_s[g] = a;
+                l_s[g] = l_s[g] * a + sum;
+                m_s[g] = m_new;
+            }
+        }
+        __syncthreads();
+        // Weighted values: a thread owns 8 dims of the keys kg, kg+KG, ...
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] *= alpha_s[g];
+#pragma unroll 2
+        for (int j = kg; j < n; j += KG) {
+            float vf[8];
+            unpack8(*(const uint4*)(vc + (base + (size_t)(c + j) * NKV + kvh) * HD + vd), vf);
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) {
+                float p = ps[g][j];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[g][e] += p * vf[e];
+            }
+        }
+        __syncthreads();
+    }
+    // Sum the key groups: lanes VT apart by shuffles, then the warps in shared memory.
+#pragma unroll
+    for (int off = VT; off < 32; off <<= 1)
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+    if (lane < VT)
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) red[warp][g][vd + e] = acc[g][e];
+    __syncthreads();
+    for (int i = tid; i < GROUP * HD; i += ATT_THREADS) {
+        int g = i / HD, d = i % HD;
+        float v = 0.f;
+#pragma unroll
+        for (int k = 0; k < ATT_THREADS / 32; ++k) v += red[k][g][d];
+        int h = kvh * GROUP + g;
+        if (S == 1) {
+            out[(size_t)t * NH * HD + h * HD + d] = from_f(v / l_s[g]);
+        } else {
+            size_t pi = ((size_t)t * NH + h) * S + sp;
+            part_o[pi * HD + d] = v;
+            if (d == 0) { part_ml[pi * 2] = m_s[g]; part_ml[pi * 2 + 1] = l_s[g]; }
+        }
+    }
+    if (S == 1) return;
+    // Publish the partials; the last split block of this (token, kv head) merges.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned int prev = atomicAdd(&counters[t * NKV + kvh], 1u);
+        last_s = prev == (unsigned int)(S - 1);
+    }
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    for (int i = tid; i < GROUP * HD; i += ATT_THREADS) {
+        int g = i / HD, d = i % HD;
+        size_t pi = ((size_t)t * NH + kvh * GROUP + g) * S;
+        float M = NEG_INF;
+#pragma unroll 4
+        for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(&part_ml[(pi + s) * 2]));
+        float num = 0.f, den = 0.f;
+#pragma unroll 4
+        for (int s = 0; s < S; ++s) {
+            float l = __ldcg(&part_ml[(pi + s) * 2 + 1]);
+            if (l == 0.f) continue;
+            float w = exp2f(__ldcg(&part_ml[(pi + s) * 2]) - M);
+            num += w * __ldcg(&part_o[(pi + s) * HD + d]);
+            den += w * l;
+        }
+        out[(size_t)t * NH * HD + (kvh * GROUP + g) * HD + d] = from_f(num / den);
+    }
+    if (tid == 0) counters[t * NKV + kvh] = 0u;
+}
+
+// act[t, i] = silu(gu[t, i]) * gu[t, INTER + i], rounded like the reference.
+__device__ __forceinline__ float silu_mul1(float g, float u) { return rnd(rnd(g / (1.f + __expf(-g))) * u); }
+
+extern "C" __global__ void silu_mul(const u16* __restrict__ gu, u16* __restrict__ act, int n) {
+    size_t total = (size_t)n * INTER;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < total;
+         k += (size_t)gridDim.x * blockDim.x) {
+        size_t t = k / INTER, i = k % INTER;
+        act[k] = from_f(silu_mul1(to_f(gu[t * 2 * INTER + i]), to_f(gu[t * 2 * INTER + INTER + i])));
+    }
+}
+
+// One-row projection y[o] (+)= sum_k xin[k] * W[o, k], the input computed once per block
+// into shared memory from x: MODE 0 as is, MODE 1 RMSNorm(x) * nw (the norm fused in),
+// MODE 2 silu(x[k]) * x[K + k] (x is the gate/up output). WPR warps share a weight row,
+// each taking a slice of its 16-byte chunks. Dynamic shared memory: K floats.
+template <int MODE, int WPR, int OUT_F32>
+__device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* __restrict__ x,
+                                          const u16* __restrict__ nw, void* __restrict__ y,
+                                          int O, int K, int accumulate) {
+    extern __shared__ float4 xs4[];
+    float* xs = (float*)xs4;
+    __shared__ float red[32];
+    __shared__ float part[8];
+    if (MODE == 1) {
+        float ss = 0.f;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) { float v = to_f(x[k]); ss += v * v; }
+        float inv = rsqrtf(block_sum(ss, red) / K + EPS);
+        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = rnd(to_f(nw[k]) * rnd(to_f(x[k]) * inv));
+    } else if (MODE == 2) {
+        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = silu_mul1(to_f(x[k]), to_f(x[K + k]));
+    } else {
+        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = to_f(x[k]);
+    }
+    __syncthreads();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kp = warp % WPR;
+    const float4* xv = xs4;
+    // Row groups are strided over the grid, so the staged input serves several rows.
+    for (int base = blockIdx.x * (8 / WPR); base < O; base += gridDim.x * (8 / WPR)) {
+        int o = base + warp / WPR;
+        float acc = 0.f;
+        if (o < O) {
+            const uint4* wr = (const uint4*)(W + (size_t)o * K);
+#pragma unroll 4
+            for (int k = kp * 32 + lane; k < (K >> 3); k += 32 * WPR) {
+                float wf[8];
+                unpack8(__ldg(wr + k), wf);
+                float4 a = xv[2 * k], b = xv[2 * k + 1];
+                acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w
+                     + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+            }
+        }
+        acc = warp_sum(acc);
+        if (WPR > 1) {
+            if (lane == 0) part[warp] = acc;
+            __syncthreads();
+            if (lane == 0 && kp == 0) {
+#pragma unroll
+                for (int k = 1; k < WPR; ++k) acc += part[warp + k];
+            }
+            __syncthreads();
+        }
+        if (lane == 0 && kp == 0 && o < O) {
+            if (OUT_F32) {
+                ((float*)y)[o] = rnd(acc);
+            } else {
+                u16* yy = (u16*)y + o;
+                *yy = from_f(accumulate ? to_f(*yy) + acc : acc);
+            }
+        }
+    }
+}
+
+#define GEMV(MODE, WPR)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) gemv_m##MODE##_w##WPR(                \
+        const u16* W, const u16* x, const u16* nw, u16* y, int O, int K, int acc) {         \
+        gemv_impl<MODE, WPR, 0>(W, x, nw, y, O, K, acc);                                    \
+    }                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) gemv_m##MODE##_w##WPR##_f32(          \
+        const u16* W, const u16* x, const u16* nw, float* y, int O, int K, int acc) {       \
+        gemv_impl<MODE, WPR, 1>(W, x, nw, y, O, K, acc);                                    \
+    }
+#define GEMV_ALL(MODE) GEMV(MODE, 1) GEMV(MODE, 2) GEMV(MODE, 4) GEMV(MODE, 8)
+GEMV_ALL(0)
+GEMV_ALL(1)
+GEMV_ALL(2)
+
+// Greedy token and softmax probability in two passes: each of gridDim.y blocks of a row
+// reduces a slice to (max, first index of the max, sum of exp(l - max)); argmax_final
+// merges the slices. Logits are rounded to the model dtype first, as the reference
+// computes them in it.
+#define AM_THREADS 256
+extern "C" __global__ void __launch_bounds__(AM_THREADS)
+argmax_part(const float* __restrict__ logits, int V, float* __restrict__ part) {
+    __shared__ float sv[AM_THREADS / 32];
+    __shared__ int si[AM_THREADS / 32];
+    __shared__ float red[32];
+    int r = blockIdx.x, b = blockIdx.y, nb = gridDim.y;
+    int chunk = (V + nb - 1) / nb;
+    int i0 = b * chunk, i1 = min(V, i0 + chunk);
+    const float* l = logits + (size_t)r * V;
+    float best = NEG_INF;
+    int bi = 0x7fffffff;
+    for (int i = i0 + threadIdx.x; i < i1; i += AM_THREADS) {
+        float v = rnd(l[i]);
+        if (v > best) { best = v; bi = i; }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+    __syncthreads();
+    best = sv[0]; bi = si[0];
+    for (int w = 1; w < AM_THREADS / 32; ++w)
+        if (sv[w] > best || (sv[w] == best && si[w] < bi)) { best = sv[w]; bi = si[w]; }
+    float s = 0.f;
+    if (best != NEG_INF)
+        for (int i = i0 + threadIdx.x; i < i1; i += AM_THREADS) s += __expf(rnd(l[i]) - best);
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) {
+        float* p = part + ((size_t)r * nb + b) * 3;
+        p[0] = best; p[1] = __int_as_float(bi); p[2] = s;
+    }
+}
+
+extern "C" __global__ void argmax_final(const float* __restrict__ part, int nb,
+                                        int* __restrict__ tok, float* __restrict__ prob) {
+    int r = blockIdx.x, lane = threadIdx.x;
+    const float* p = part + (size_t)r * nb * 3;
+    float best = NEG_INF;
+    int bi = 0x7fffffff;
+    for (int b = lane; b < nb; b += 32) {
+        float v = p[b * 3];
+        int i = __float_as_int(p[b * 3 + 1]);
+        if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    float s = 0.f;
+    for (int b = lane; b < nb; b += 32) {
+        float v = p[b * 3];
+        if (v != NEG_INF) s += p[b * 3 + 2] * __expf(v - best);
+    }
+    s = warp_sum(s);
+    if (lane == 0) { tok[r] = bi; prob[r] = 1.f / s; }
+}

@@ -1,0 +1,347 @@
+//! The `model` drafter: a small causal LM (Llama, Qwen2, Qwen3 families) proposing
+//! tokens greedily, with a rollback-capable KV cache per stream and one batched forward
+//! step for all streams in flight.
+//!
+//! On the CPU (and for f32 anywhere) the forward is written with candle; with the `cuda`
+//! feature and a bf16/f16 dtype, a CUDA engine with fused kernels and CUDA-graph replay
+//! of decode steps runs instead.
+
+pub mod batch;
+pub mod bench;
+pub mod config;
+#[cfg(feature = "cuda")]
+mod cuda;
+pub mod forward;
+pub mod kv;
+pub mod vocab;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+
+use candle_core::{DType, Device};
+use futures_util::future::BoxFuture;
+use tokio::sync::oneshot;
+
+use self::batch::{Engine, Msg, Stats, WorkerOptions};
+pub use self::config::{Family, ModelConfig};
+pub use self::vocab::{check_tokenizer_compat, compare_vocab};
+use crate::draft::{DraftError, DraftRequest, Drafter, Proposal, StreamId};
+
+/// Tuning knobs; `Default` suits the device the model is loaded on.
+#[derive(Debug, Clone)]
+pub struct DrafterOptions {
+    /// Streams with a cache slot (more streams evict the least recently used cache).
+    pub max_streams: Option<usize>,
+    /// Positions per stream (prompt + output + drafts); longer contexts get no proposal.
+    pub max_len: Option<usize>,
+    /// Tokens per forward step; longer prefills are split over several steps.
+    pub max_step_tokens: Option<usize>,
+    /// Stop a proposal once the product of its confidences falls below this (0: never).
+    pub stop_below: f32,
+    /// Replay decode steps as CUDA graphs (CUDA engine only).
+    pub cuda_graphs: bool,
+    /// Use the candle forward even where the CUDA engine could run.
+    pub force_candle: bool,
+}
+
+impl Default for DrafterOptions {
+    fn default() -> Self {
+        Self {
+            max_streams: None,
+            max_len: None,
+            max_step_tokens: None,
+            stop_below: 0.0,
+            cuda_graphs: true,
+            force_candle: false,
+        }
+    }
+}
+
+/// A snapshot of the drafter's counters.
+#[derive(Debug, Clone, Default)]
+pub struct DrafterStats {
+    /// Forward steps run and the rows (streams) they carried.
+    pub steps: u64,
+    pub step_rows: u64,
+    pub step_seconds: f64,
+    pub requests: u64,
+    pub draft_tokens: u64,
+    /// Context tokens computed, and context tokens whose cache was reused.
+    pub prefill_tokens: u64,
+    pub reused_tokens: u64,
+    /// Cached tokens dropped because a context diverged (rejected drafts).
+    pub rolled_back_tokens: u64,
+    /// Requests whose caller stopped waiting before the proposal was complete.
+    pub cancelled: u64,
+    /// Requests that got no proposal because the context filled the cache slot.
+    pub too_long: u64,
+}
+
+pub struct ModelDrafter {
+    tx: Option<mpsc::Sender<Msg>>,
+    worker: Option<JoinHandle<()>>,
+    stats: Arc<Stats>,
+    config: ModelConfig,
+    engine: &'static str,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+}
+
+fn parse_device(s: &str) -> Result<DeviceSpec, DraftError> {
+    let s = s.trim();
+    match s {
+        "cpu" => Ok(DeviceSpec::Cpu),
+        "cuda" | "gpu" => Ok(DeviceSpec::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(DeviceSpec::Cuda)
+            .ok_or_else(|| {
+                DraftError::Model(format!("invalid draft device `{s}` (cpu, cuda, cuda:N)"))
+            }),
+    }
+}
+
+fn parse_dtype(s: &str) -> Result<DType, DraftError> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "f32" | "float32" | "float" => Ok(DType::F32),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "f16" | "float16" | "half" => Ok(DType::F16),
+        other => Err(DraftError::Model(format!(
+            "invalid draft dtype `{other}` (f32, bf16, f16)"
+        ))),
+    }
+}
+
+impl ModelDrafter {
+    /// Load a Hugging Face model directory on `device` (`cpu`, `cuda`, `cuda:N`).
+    /// `dtype` defaults to f32 on the CPU and bf16 on CUDA.
+    pub fn load(dir: &Path, device: &str, dtype: Option<&str>) -> Result<Self, DraftError> {
+        Self::load_with(dir, device, dtype, DrafterOptions::default())
+    }
+
+    pub fn load_with(
+        dir: &Path,
+        device: &str,
+        dtype: Option<&str>,
+        opts: DrafterOptions,
+    ) -> Result<Self, DraftError> {
+        let spec = parse_device(device)?;
+        let dtype = match (dtype, spec) {
+            (Some(d), _) => parse_dtype(d)?,
+            (None, DeviceSpec::Cpu) => DType::F32,
+            (None, DeviceSpec::Cuda(_)) => DType::BF16,
+        };
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let gpu = spec != DeviceSpec::Cpu;
+        let max_len = opts
+            .max_len
+            .unwrap_or(4096)
+            .min(config.max_position_embeddings)
+            .max(2);
+        let max_slots = opts.max_streams.unwrap_or(if gpu { 32 } else { 16 }).max(1);
+        let max_step_tokens = opts
+            .max_step_tokens
+            .unwrap_or(if gpu { 2048 } else { 512 })
+            .max(max_slots + 1);
+        let vocab_limit = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map(|t| t.get_vocab_size(true).min(config.vocab_size))
+            .unwrap_or(config.vocab_size) as u32;
+        let worker_opts = WorkerOptions {
+            stop_below: opts.stop_below,
+            vocab_limit,
+        };
+
+        let dir = dir.to_path_buf();
+        let cfg = config.clone();
+        let stats = Arc::new(Stats::default());
+        let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let worker_stats = stats.clone();
+        let worker = std::thread::Builder::new()
+            .name("specd-draft".into())
+            .spawn(move || {
+                // The engine is built on the worker thread: CUDA state stays on it.
+                let engine = build_engine(
+                    &dir,
+                    &cfg,
+                    spec,
+                    dtype,
+                    &opts,
+                    max_slots,
+                    max_len,
+                    max_step_tokens,
+                );
+                match engine {
+                    Ok(engine) => {
+                        let _ = ready_tx.send(Ok(engine.name()));
+                        batch::run_worker(engine, rx, worker_stats, worker_opts);
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| DraftError::Model(format!("cannot start the draft worker: {e}")))?;
+        let engine = match ready_rx.recv() {
+            Ok(Ok(name)) => name,
+            Ok(Err(e)) => {
+                let _ = worker.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = worker.join();
+                return Err(DraftError::Model("draft worker died while loading".into()));
+            }
+        };
+        tracing::info!(
+            engine,
+            family = ?config.family,
+            layers = config.num_layers,
+            hidden = config.hidden_size,
+            ?dtype,
+            max_slots,
+            max_len,
+            "draft model loaded"
+        );
+        Ok(Self {
+            tx: Some(tx),
+            worker: Some(worker),
+            stats,
+            config,
+            engine,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Which forward implementation runs (`candle-cpu`, `candle`, `cuda`).
+    pub fn engine(&self) -> &'static str {
+        self.engine
+    }
+
+    pub fn stats(&self) -> DrafterStats {
+        let s = &self.stats;
+        let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        DrafterStats {
+            steps: g(&s.steps),
+            step_rows: g(&s.step_rows),
+            step_seconds: g(&s.step_nanos) as f64 * 1e-9,
+            requests: g(&s.requests),
+            draft_tokens: g(&s.draft_tokens),
+            prefill_tokens: g(&s.prefill_tokens),
+            reused_tokens: g(&s.reused_tokens),
+            rolled_back_tokens: g(&s.rolled_back_tokens),
+            cancelled: g(&s.cancelled),
+            too_long: g(&s.too_long),
+        }
+    }
+
+    /// The model's logits after the last token of `context`, computed through the
+    /// stream's cache like a proposal (used to check the forward against a reference).
+    pub async fn logits(
+        &self,
+        stream: StreamId,
+        context: Vec<u32>,
+    ) -> Result<Vec<f32>, DraftError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::Logits(stream, context, tx))?;
+        rx.await.unwrap_or(Err(DraftError::Closed))
+    }
+
+    fn send(&self, m: Msg) -> Result<(), DraftError> {
+        match &self.tx {
+            Some(tx) => tx.send(m).map_err(|_| DraftError::Closed),
+            None => Err(DraftError::Closed),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_engine(
+    dir: &Path,
+    cfg: &ModelConfig,
+    spec: DeviceSpec,
+    dtype: DType,
+    opts: &DrafterOptions,
+    max_slots: usize,
+    max_len: usize,
+    max_step_tokens: usize,
+) -> Result<Box<dyn Engine>, DraftError> {
+    let weights = weights::Weights::open(dir)?;
+    let device = match spec {
+        DeviceSpec::Cpu => Device::Cpu,
+        DeviceSpec::Cuda(n) => {
+            #[cfg(feature = "cuda")]
+            if dtype != DType::F32 && !opts.force_candle {
+                let engine = cuda::CudaEngine::load(cuda::CudaLoad {
+                    weights: &weights,
+                    cfg,
+                    ordinal: n,
+                    dtype,
+                    max_slots,
+                    max_len,
+                    max_step_tokens,
+                    graphs: opts.cuda_graphs,
+                })?;
+                return Ok(Box::new(engine));
+            }
+            Device::new_cuda(n).map_err(|e| {
+                DraftError::Model(format!(
+                    "cannot open CUDA device {n}: {e} (specd must be built with the `cuda` feature)"
+                ))
+            })?
+        }
+    };
+    let _ = opts;
+    let engine = forward::CandleEngine::load(forward::LoadArgs {
+        weights: &weights,
+        cfg,
+        device: &device,
+        dtype,
+        max_slots,
+        max_len,
+        max_step_tokens,
+    })?;
+    Ok(Box::new(engine))
+}
+
+impl Drop for ModelDrafter {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drafter for ModelDrafter {
+    fn name(&self) -> &'static str {
+        "model"
+    }
+
+    fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.send(Msg::Propose(req, tx));
+        Box::pin(async move {
+            sent?;
+            rx.await.unwrap_or(Err(DraftError::Closed))
+        })
+    }
+
+    fn finish(&self, stream: StreamId) {
+        let _ = self.send(Msg::Finish(stream));
+    }
+}
+
+#[cfg(test)]
+mod tests;

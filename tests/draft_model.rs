@@ -1,0 +1,101 @@
+//! The draft model's forward against Hugging Face transformers, on the CPU: tiny random
+//! Llama (llama3 rope scaling, sharded checkpoint), Qwen2 (qkv bias, tied embeddings) and
+//! Qwen3 (qk-norm, explicit head_dim) models, plus the project's own draft and target
+//! models when they exist. Logits and greedy continuations are compared in a mixed batch
+//! and on one stream that rolls its cache back between cases.
+//!
+//! The reference comes from scripts/draft_model_reference.py, run with the Python of
+//! `SPECD_REFERENCE_PYTHON` or ~/.cache/specd/vllm-venv. Without such a Python the test
+//! is skipped with a message, unless `SPECD_REQUIRE_REFERENCE=1` makes that a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use specd::draft::model::bench::{check_reference, load_reference, Tolerance};
+use specd::draft::model::ModelDrafter;
+
+fn home() -> PathBuf {
+    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+}
+
+fn python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("SPECD_REFERENCE_PYTHON") {
+        return Some(PathBuf::from(p));
+    }
+    let p = home().join(".cache/specd/vllm-venv/bin/python");
+    p.exists().then_some(p)
+}
+
+fn run_script(py: &Path, args: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/draft_model_reference.py");
+    let out = Command::new(py)
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("run the reference script");
+    assert!(
+        out.status.success(),
+        "reference script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn check(dir: &Path, reference: &Path) {
+    let cases = load_reference(reference).unwrap();
+    let d = ModelDrafter::load(dir, "cpu", None).unwrap();
+    let r = check_reference(&d, &cases, Tolerance::for_dtype(candle_core::DType::F32)).await;
+    println!(
+        "{}: {} logit checks, max rel err {:.2e}, greedy {}/{} matched, {} near ties",
+        dir.display(),
+        r.logit_checks,
+        r.max_rel_logits,
+        r.greedy_tokens_matched,
+        r.greedy_tokens_compared,
+        r.near_ties
+    );
+    assert!(r.passed(), "{}: {:#?}", dir.display(), r.failures);
+    // Enough of the continuations must really have been compared.
+    assert!(r.greedy_tokens_matched * 2 >= r.greedy_tokens_compared.max(1));
+    assert!(r.greedy_tokens_compared >= cases.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_matches_transformers() {
+    let Some(py) = python() else {
+        assert!(
+            std::env::var_os("SPECD_REQUIRE_REFERENCE").is_none(),
+            "no Python with transformers for the reference (set SPECD_REFERENCE_PYTHON)"
+        );
+        eprintln!("skipping: no Python with transformers (~/.cache/specd/vllm-venv)");
+        return;
+    };
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("draft-reference");
+    std::fs::create_dir_all(&work).unwrap();
+    let mut args = vec![
+        "tiny".to_string(),
+        "--out".into(),
+        work.to_str().unwrap().into(),
+    ];
+    let mut models = vec![];
+    for name in ["llama", "qwen2", "qwen3"] {
+        models.push((
+            work.join(name),
+            work.join(format!("{name}.ref.safetensors")),
+        ));
+    }
+    for name in ["draft", "target"] {
+        let dir = home().join(".cache/specd/models").join(name);
+        if !dir.join("config.json").exists() {
+            eprintln!("no project model {}: skipped", dir.display());
+            continue;
+        }
+        args.push("--extra".into());
+        args.push(format!("project-{name}={}", dir.display()));
+        models.push((dir, work.join(format!("project-{name}.ref.safetensors"))));
+    }
+    // One Python process for all references: importing torch is slow.
+    run_script(&py, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    for (dir, reference) in &models {
+        check(dir, reference).await;
+    }
+}
