@@ -341,6 +341,12 @@ impl Drafter for ModelDrafter {
     fn finish(&self, stream: StreamId) {
         let _ = self.send(Msg::Finish(stream));
     }
+
+    /// A model forward takes long enough to hide behind the verify call; a wrong guess
+    /// costs little, as the cache keeps the longest common prefix.
+    fn wants_overlap(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
