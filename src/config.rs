@@ -128,6 +128,18 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_DRAFT_DEVICE", default_value = "cpu")]
     pub draft_device: String,
 
+    /// Draft model weights dtype: f32, bf16 or f16 (default f32 on the CPU, bf16 on CUDA).
+    #[arg(long, env = "SPECD_DRAFT_DTYPE")]
+    pub draft_dtype: Option<String>,
+
+    /// Streams with a draft-model KV cache slot (default 16 on the CPU, 32 on CUDA).
+    #[arg(long, env = "SPECD_DRAFT_MAX_STREAMS")]
+    pub draft_max_streams: Option<usize>,
+
+    /// Longest context the draft model drafts for (longer contexts get no proposal).
+    #[arg(long, env = "SPECD_DRAFT_MAX_LEN")]
+    pub draft_max_len: Option<usize>,
+
     /// Timeout of one verify call, in seconds.
     #[arg(long, env = "SPECD_VERIFY_TIMEOUT", default_value_t = 30.0)]
     pub verify_timeout: f64,

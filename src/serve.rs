@@ -7,6 +7,7 @@ use anyhow::Context;
 use tokio::sync::Semaphore;
 
 use crate::config::ServeArgs;
+use crate::draft::model::{check_tokenizer_compat, DrafterOptions, ModelDrafter};
 use crate::draft::ngram::NgramDrafter;
 use crate::draft::suffix::{SuffixConfig, SuffixDrafter};
 use crate::draft::Drafters;
@@ -51,6 +52,21 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
         }
         None => None,
     };
+    if let Some(dir) = &args.draft_model {
+        let d = ModelDrafter::load_with(
+            dir,
+            &args.draft_device,
+            args.draft_dtype.as_deref(),
+            DrafterOptions {
+                max_streams: args.draft_max_streams,
+                max_len: args.draft_max_len,
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("loading --draft-model {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), engine = d.engine(), "draft model loaded");
+        drafters.insert(Arc::new(d));
+    }
     let slots = Arc::new(Semaphore::new(if args.max_concurrent_streams == 0 {
         Semaphore::MAX_PERMITS
     } else {
@@ -147,6 +163,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(info) => on_upstream(&st, &info),
         Err(e @ crate::upstream::detect::DetectError::KindMismatch { .. }) => return Err(e.into()),
         Err(e) => tracing::warn!(error = %e, "upstream not reachable yet; will keep trying"),
+    }
+    // The draft model must share the target's vocabulary: refuse to start otherwise.
+    if let Some(dir) = &st.args.draft_model {
+        match st.tokenizer() {
+            Some(t) => check_tokenizer_compat(dir, &t.tokenizer)
+                .map_err(|e| anyhow::anyhow!("--draft-model {}: {e}", dir.display()))?,
+            None => anyhow::bail!(
+                "--draft-model needs the target's tokenizer to check vocabularies: pass --tokenizer or start specd once the upstream answers"
+            ),
+        }
     }
     {
         let st2 = st.clone();

@@ -341,3 +341,51 @@ async fn seeded_sampling_is_reproducible() {
         "another seed samples differently"
     );
 }
+
+/// The `model` drafter (CPU): output stays identical to direct vLLM, and the target used
+/// as its own draft is accepted almost always (a check of the draft forward against vLLM).
+#[tokio::test]
+async fn model_drafter_is_lossless_and_target_as_draft_is_accepted() {
+    let up = upstream();
+    let models = std::env::var("SPECD_MODELS_DIR").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/specd/models",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    for (dir, min_rate) in [("target", 0.95), ("draft", 0.0)] {
+        let path = format!("{models}/{dir}");
+        let specd = Specd::start_ready(
+            &up,
+            &[
+                "--speculation",
+                "on",
+                "--drafter",
+                "model",
+                "--draft-model",
+                &path,
+                "--max-draft-tokens",
+                "4",
+            ],
+        )
+        .await;
+        let (mut drafted, mut accepted) = (0.0, 0.0);
+        for (i, p) in prompts().iter().take(12).enumerate() {
+            let (path, body) = request(i, p, 24);
+            let d = run(&up, &path, &body).await;
+            let v = run(&specd.url, &path, &body).await;
+            assert_eq!(d.1, v.1, "{dir}: token ids differ for prompt {i}");
+            assert_eq!(d.0, v.0, "{dir}: text differs for prompt {i}");
+        }
+        let m = specd.metrics().await;
+        drafted += metric_sum(&m, "specd_spec_decode_num_draft_tokens_total");
+        accepted += metric_sum(&m, "specd_spec_decode_num_accepted_tokens_total");
+        let rate = accepted / drafted.max(1.0);
+        eprintln!("model drafter {dir}: acceptance {rate:.3} ({accepted} of {drafted})");
+        assert!(drafted > 0.0);
+        assert!(
+            rate >= min_rate,
+            "{dir}: acceptance {rate:.3} below {min_rate}"
+        );
+    }
+}

@@ -373,7 +373,7 @@ impl Controller {
         let c = self.costs(load, spec, kp);
         let t_draft = self.draft_cost(drafter);
         let lo = usize::from(s.may_relay);
-        let decision = match (c.dec, c.best(&p, t_draft, lo, others, spec)) {
+        match (c.dec, c.best(&p, t_draft, lo, others, spec)) {
             // Never measured a verify round: measure one if there is anything to verify.
             (_, None) if kp > 0 => Decision::Speculate(kp),
             (_, None) if !s.may_relay => Decision::Speculate(0),
@@ -408,8 +408,7 @@ impl Controller {
                     Decision::Speculate(b.k)
                 }
             }
-        };
-        decision
+        }
     }
 
     /// Relaying: leave relay for a verify round of the returned K with this proposal?
