@@ -20,6 +20,8 @@ enum Cmd {
     Serve(specd::sim::server::ServeArgs),
     /// Replay the scenarios through specd: plain, static K and auto, side by side.
     Bench(specd::sim::bench::BenchArgs),
+    /// Time and memory of the suffix drafter's proposals.
+    SuffixBench(specd::sim::suffix_bench::SuffixBenchArgs),
 }
 
 #[tokio::main]
@@ -32,5 +34,6 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Bench(args) => specd::sim::bench::run(args).await,
+        Cmd::SuffixBench(args) => specd::sim::suffix_bench::run(args),
     }
 }

@@ -339,15 +339,29 @@ impl SuffixDrafter {
         }
     }
 
-    /// Streams with state, and an estimate of the bytes held (streams + global store).
-    pub fn memory(&self) -> (usize, usize) {
-        let local: usize = self
+    /// What the drafter holds: streams with state and estimates of the bytes they and the
+    /// global store use.
+    pub fn memory(&self) -> MemoryUse {
+        let stream_bytes = self
             .streams
             .iter()
             .filter_map(|e| e.value().lock().ok().map(|l| l.memory_bytes()))
             .sum();
-        (self.streams.len(), local + self.global.memory_bytes())
+        MemoryUse {
+            streams: self.streams.len(),
+            stream_bytes,
+            global_bytes: self.global.memory_bytes(),
+            global_tokens: self.global.seqs.iter().map(|s| s.len()).sum(),
+        }
     }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryUse {
+    pub streams: usize,
+    pub stream_bytes: usize,
+    pub global_bytes: usize,
+    pub global_tokens: usize,
 }
 
 impl Drafter for SuffixDrafter {
@@ -450,7 +464,9 @@ mod tests {
         assert!(s.global.index.len() <= 40, "evicted entries are removed");
         assert!(s.global.seqs.len() == 2);
         // Streams 2, 5 and 6 only looked up; the finished ones dropped their state.
-        assert_eq!(s.memory().0, 3);
+        let m = s.memory();
+        assert_eq!(m.streams, 3);
+        assert_eq!(m.global_tokens, 40);
     }
 
     #[test]

@@ -24,6 +24,7 @@
 pub mod bench;
 mod engine;
 pub mod server;
+pub mod suffix_bench;
 
 pub use engine::Engine;
 

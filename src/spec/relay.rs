@@ -28,7 +28,7 @@ pub struct RelayPlan {
 
 pub enum RelayEnd {
     Done(Finish),
-    /// Go back to speculation, with the proposal to verify first when there is one.
+    /// Go back to speculation; with the proposal the controller chose to verify first.
     Resume(Option<Proposal>),
     /// The upstream ended the continuation on its own; relay again from the context.
     Ended,

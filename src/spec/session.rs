@@ -119,7 +119,9 @@ enum Round {
 }
 
 enum State {
-    Speculate(Option<Proposal>),
+    /// The next round, with its proposal when there is one already; `true` when the
+    /// controller already chose to verify it (a resume from relay).
+    Speculate(Option<Proposal>, bool),
     Relay(RelayPlan),
 }
 
@@ -163,7 +165,7 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
         outside: Duration::ZERO,
         ctl: StreamCtl::new(may_relay, p.stream),
     };
-    let mut state = State::Speculate(None);
+    let mut state = State::Speculate(None, false);
     let result = loop {
         if gen.remaining() == 0 {
             break Ok(Finish {
@@ -172,21 +174,24 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
             });
         }
         state = match state {
-            State::Speculate(pending) => match l.speculate_round(&mut gen, pending).await {
-                Ok(Round::Done(f)) => break Ok(f),
-                Ok(Round::Next(p)) => State::Speculate(p),
-                Ok(Round::Relay(plan)) => {
-                    l.switched("speculate", "relay");
-                    State::Relay(plan)
+            State::Speculate(pending, decided) => {
+                match l.speculate_round(&mut gen, pending, decided).await {
+                    Ok(Round::Done(f)) => break Ok(f),
+                    Ok(Round::Next(p)) => State::Speculate(p, false),
+                    Ok(Round::Relay(plan)) => {
+                        l.switched("speculate", "relay");
+                        State::Relay(plan)
+                    }
+                    Err(e) => break Err(e),
                 }
-                Err(e) => break Err(e),
-            },
+            }
             State::Relay(plan) => match l.relay(&mut gen, plan).await {
                 Ok(RelayEnd::Done(f)) => break Ok(f),
                 Ok(RelayEnd::Ended) => State::Relay(RelayPlan::default()),
                 Ok(RelayEnd::Resume(p)) => {
                     l.switched("relay", "speculate");
-                    State::Speculate(p)
+                    let decided = p.is_some();
+                    State::Speculate(p, decided)
                 }
                 Err(e) => break Err(e),
             },
@@ -320,6 +325,7 @@ impl Loop<'_> {
         &mut self,
         gen: &mut Generation<'_>,
         pending: Option<Proposal>,
+        decided: bool,
     ) -> Result<Round, ApiError> {
         let round_start = Instant::now();
         let outside_before = self.outside;
@@ -338,7 +344,7 @@ impl Loop<'_> {
             Some(p) => cut(p, k_cap),
             None => self.propose(k_cap).await,
         };
-        let decision = if self.p.switch_every.is_some() {
+        let decision = if self.p.switch_every.is_some() || decided {
             Decision::Speculate(proposal.tokens.len())
         } else {
             self.d.controller.plan_round(
