@@ -15,6 +15,7 @@
 # load without libcuda. Its loader falls back to `import common_ops`; an empty module of
 # that name lets it import with no kernels, and SGLang's Llama path then runs in plain
 # PyTorch on the CPU (torch_native attention, pytorch sampling, no CUDA graphs).
+# --sleep-on-idle keeps the idle scheduler from spinning (about half a core otherwise).
 #
 # Environment:
 #   SPECD_CACHE_DIR            cache root (default ~/.cache/specd)
@@ -153,7 +154,7 @@ launch() {
         --model-path "$model_dir" --served-model-name "$SERVED" \
         --host 127.0.0.1 --port "$PORT" --device cpu \
         --attention-backend torch_native --sampling-backend pytorch \
-        --disable-cuda-graph --enable-metrics --skip-server-warmup \
+        --disable-cuda-graph --enable-metrics --skip-server-warmup --sleep-on-idle \
         --context-length 2048 --max-total-tokens 8192 "${extra[@]}" \
         </dev/null >"$STATE/log" 2>&1 9>&- 8>&- &
     PID=$!

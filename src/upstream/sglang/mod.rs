@@ -19,9 +19,11 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
+use http::HeaderValue;
 use serde_json::{json, Map, Value};
 
 mod wire;
@@ -110,6 +112,14 @@ const SGLANG_ONLY_FIELDS: &[&str] = &[
     "input_ids",
 ];
 
+#[derive(Default)]
+struct WorkCounters {
+    calls: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+}
+
+#[derive(Clone)]
 pub struct SglangBackend {
     up: Arc<Upstream>,
     settings: SglangSettings,
@@ -117,9 +127,10 @@ pub struct SglangBackend {
     /// Ids at or above this are never sent (they crash the server).
     vocab_limit: u32,
     strategy: VerifyStrategy,
-    calls: AtomicU64,
-    prompt_tokens: AtomicU64,
-    cached_tokens: AtomicU64,
+    /// Shared with the per-request copies made by `with_auth`.
+    work: Arc<WorkCounters>,
+    /// The client's `Authorization`, sent on every call made for its request.
+    auth: Option<HeaderValue>,
 }
 
 impl SglangBackend {
@@ -135,9 +146,8 @@ impl SglangBackend {
             chat_defaults,
             vocab_limit,
             strategy: VerifyStrategy::Auto,
-            calls: AtomicU64::new(0),
-            prompt_tokens: AtomicU64::new(0),
-            cached_tokens: AtomicU64::new(0),
+            work: Arc::default(),
+            auth: None,
         }
     }
 
@@ -147,10 +157,11 @@ impl SglangBackend {
     }
 
     pub fn work(&self) -> VerifyWork {
+        let w = &self.work;
         VerifyWork {
-            calls: self.calls.load(Ordering::Relaxed),
-            prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
-            cached_tokens: self.cached_tokens.load(Ordering::Relaxed),
+            calls: w.calls.load(Ordering::Relaxed),
+            prompt_tokens: w.prompt_tokens.load(Ordering::Relaxed),
+            cached_tokens: w.cached_tokens.load(Ordering::Relaxed),
         }
     }
 
@@ -231,10 +242,11 @@ impl SglangBackend {
             item.pointer(&format!("/meta_info/{k}"))
                 .and_then(Value::as_u64)
         };
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.prompt_tokens
+        let w = &self.work;
+        w.calls.fetch_add(1, Ordering::Relaxed);
+        w.prompt_tokens
             .fetch_add(m("prompt_tokens").unwrap_or(0), Ordering::Relaxed);
-        self.cached_tokens
+        w.cached_tokens
             .fetch_add(m("cached_tokens").unwrap_or(0), Ordering::Relaxed);
     }
 
@@ -288,7 +300,12 @@ impl SglangBackend {
         }
         let v = self
             .up
-            .post_json("/generate", &Value::Object(body), self.up.verify_timeout())
+            .post_json_retry(
+                "/generate",
+                &Value::Object(body),
+                self.up.verify_timeout(),
+                self.auth.as_ref(),
+            )
             .await?;
         let items = match v {
             Value::Array(a) => a,
@@ -328,7 +345,12 @@ impl SglangBackend {
         });
         let v = self
             .up
-            .post_json("/generate", &body, self.up.verify_timeout())
+            .post_json_retry(
+                "/generate",
+                &body,
+                self.up.verify_timeout(),
+                self.auth.as_ref(),
+            )
             .await?;
         let item = match &v {
             Value::Array(a) if a.len() == 1 => &a[0],
@@ -359,7 +381,12 @@ impl SglangBackend {
     async fn tokenize(&self, body: Value) -> Result<Tokenized, ApiError> {
         let v = self
             .up
-            .post_json("/v1/tokenize", &body, std::time::Duration::from_secs(30))
+            .post_json_retry(
+                "/v1/tokenize",
+                &body,
+                Duration::from_secs(30),
+                self.auth.as_ref(),
+            )
             .await?;
         let tokens = v
             .get("tokens")
@@ -377,6 +404,30 @@ impl SglangBackend {
         })
     }
 
+    /// Start a streamed `/generate`: the response once its status is 2xx.
+    async fn send(&self, body: &Value) -> Result<reqwest::Response, ApiError> {
+        let mut rb = self.up.client.post(self.up.url("/generate")).json(body);
+        if let Some(a) = &self.auth {
+            rb = rb.header(http::header::AUTHORIZATION, a.clone());
+        }
+        let resp = rb.send().await.map_err(|e| self.up.map_send_error(e))?;
+        if !resp.status().is_success() {
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await.unwrap_or_default();
+            self.up.count_error("status");
+            return Err(ApiError::Upstream {
+                status,
+                message: super::upstream_error_message(&bytes),
+            });
+        }
+        Ok(resp)
+    }
+
+    fn stalled(&self, idle: Duration) -> ApiError {
+        self.up.count_error("timeout");
+        ApiError::UpstreamTimeout(stalled_message(idle))
+    }
+
     async fn relay_impl(&self, req: RelayRequest<'_>) -> Result<SampleStream, ApiError> {
         self.check_ids(req.context)?;
         let mut body = Map::new();
@@ -390,35 +441,44 @@ impl SglangBackend {
             body.insert("return_logprob".into(), true.into());
             body.insert("top_logprobs_num".into(), n.into());
         }
-        let resp = self
-            .up
-            .client
-            .post(self.up.url("/generate"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| self.up.map_send_error(e))?;
-        if !resp.status().is_success() {
-            let status = resp.status().as_u16();
-            let bytes = resp.bytes().await.unwrap_or_default();
-            self.up.count_error("status");
-            return Err(ApiError::Upstream {
-                status,
-                message: super::upstream_error_message(&bytes),
-            });
-        }
+        let body = Value::Object(body);
+        // Nothing of a relay reaches the client before its first token, so starting it may
+        // be retried like a verify call; every wait is bounded by the verify timeout, so a
+        // stalled upstream fails the request instead of hanging it.
+        let idle = self.up.verify_timeout();
+        let mut attempt = 1;
+        let resp = loop {
+            let r = match tokio::time::timeout(idle, self.send(&body)).await {
+                Ok(r) => r,
+                Err(_) => Err(self.stalled(idle)),
+            };
+            match r {
+                Err(e) if attempt < 3 && super::is_transient(&e) => {
+                    tokio::time::sleep(Duration::from_millis(50 * 4u64.pow(attempt - 1))).await;
+                    attempt += 1;
+                }
+                r => break r?,
+            }
+        };
         let up = self.up.clone();
+        let stalled = stalled_message(idle);
         let incremental = self.settings.incremental_streaming;
         let logprobs = req.sampling.logprobs;
         let mut bytes = resp.bytes_stream();
         Ok(async_stream_samples(move |tx| async move {
             let mut parser = SseParser::new();
             let mut seen = 0usize;
-            while let Some(chunk) = bytes.next().await {
-                let chunk = match chunk {
-                    Ok(c) => c,
-                    Err(e) => {
+            loop {
+                let chunk = match tokio::time::timeout(idle, bytes.next()).await {
+                    Ok(Some(Ok(c))) => c,
+                    Ok(None) => return,
+                    Ok(Some(Err(e))) => {
                         let _ = tx.send(Err(up.map_send_error(e))).await;
+                        return;
+                    }
+                    Err(_) => {
+                        up.count_error("timeout");
+                        let _ = tx.send(Err(ApiError::UpstreamTimeout(stalled))).await;
                         return;
                     }
                 };
@@ -446,7 +506,17 @@ impl SglangBackend {
     }
 }
 
+fn stalled_message(idle: Duration) -> String {
+    format!("no data from the upstream for {}s", idle.as_secs_f64())
+}
+
 impl Backend for SglangBackend {
+    fn with_auth(&self, auth: &HeaderValue) -> Option<Arc<dyn Backend>> {
+        Some(Arc::new(SglangBackend {
+            auth: Some(auth.clone()),
+            ..self.clone()
+        }))
+    }
     fn verify<'a>(
         &'a self,
         req: VerifyRequest<'a>,
