@@ -111,9 +111,10 @@ async fn many_long_streams_through_the_stand_in() {
     let fds2 = metric_value(&m, "process_open_fds").unwrap_or(0.0);
     assert_eq!(metric_sum(&m, "specd_active_streams"), 0.0);
     // Idle keep-alive connections stay pooled; a second run reuses them instead of
-    // opening more.
+    // opening more. A leak would grow with the streams (one per stream); some slack is
+    // left for connections still closing on a loaded machine.
     assert!(
-        fds2 <= fds1 + 16.0,
+        fds2 <= fds1 + (n as f64) / 8.0,
         "file descriptors grew from {fds1} to {fds2}"
     );
     let cpu = metric_value(&m, "process_cpu_seconds_total").unwrap_or(0.0) - cpu0;

@@ -160,7 +160,7 @@ impl SpecCounters {
             draft_tokens: s.sum("specd_spec_decode_num_draft_tokens_total", &[]),
             accepted_tokens: s.sum("specd_spec_decode_num_accepted_tokens_total", &[]),
             emitted_tokens: s.sum("specd_spec_decode_num_emitted_tokens_total", &[]),
-            rounds: s.sum("specd_controller_chosen_k_count", &[]),
+            rounds: s.sum("specd_spec_rounds_per_request_sum", &[]),
             verify_seconds: s.sum("specd_verify_duration_seconds_sum", &[]),
             verify_calls: s.sum("specd_verify_duration_seconds_count", &[]),
             accepted_length,
