@@ -1,6 +1,4 @@
 //! The sim's HTTP face: the vLLM API subset specd uses.
-// Handlers return a ready `Response` as their error; its size does not matter here.
-#![allow(clippy::result_large_err)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
