@@ -35,15 +35,21 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
         global_max_tokens: args.suffix_global_tokens,
         ..SuffixConfig::default()
     })));
-    let controller = Arc::new(Controller::new(
-        ControllerConfig {
-            probe_interval: std::time::Duration::from_secs_f64(
-                args.controller_probe_interval.max(0.0),
-            ),
-            explore: args.controller_explore.clamp(0.0, 1.0),
-        },
-        Some(metrics.clone()),
-    ));
+    let controller = Arc::new(
+        Controller::new(
+            ControllerConfig {
+                probe_interval: std::time::Duration::from_secs_f64(
+                    args.controller_probe_interval.max(0.0),
+                ),
+                explore: args.controller_explore.clamp(0.0, 1.0),
+            },
+            Some(metrics.clone()),
+        )
+        .with_upstream_running({
+            let up = upstream.clone();
+            Box::new(move || up.load().map(|l| (l.running, l.at)))
+        }),
+    );
     let tokenizer = match &args.tokenizer {
         Some(p) => {
             Some(Arc::new(ModelTokenizer::load(p).with_context(|| {

@@ -1,6 +1,4 @@
 //! The sim's HTTP face: the vLLM API subset specd uses.
-// Handlers return a ready `Response` as their error; its size does not matter here.
-#![allow(clippy::result_large_err)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -47,9 +45,22 @@ struct Sim {
 
 type St = Arc<Sim>;
 
+/// An error answer, vLLM-shaped.
+struct Bad(StatusCode, String);
+
+impl IntoResponse for Bad {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.1, "type": "BadRequestError", "code": self.0.as_u16()}});
+        (self.0, Json(body)).into_response()
+    }
+}
+
+fn bad(status: StatusCode, msg: impl Into<String>) -> Bad {
+    Bad(status, msg.into())
+}
+
 fn err(status: StatusCode, msg: impl Into<String>) -> Response {
-    let body = json!({"error": {"message": msg.into(), "type": "BadRequestError", "code": status.as_u16()}});
-    (status, Json(body)).into_response()
+    bad(status, msg).into_response()
 }
 
 /// Bind and serve until the process ends; returns the bound address once listening.
@@ -111,11 +122,11 @@ async fn metrics(State(st): State<St>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
-fn encode(st: &Sim, text: &str, special: bool) -> Result<Vec<u32>, Response> {
+fn encode(st: &Sim, text: &str, special: bool) -> Result<Vec<u32>, Bad> {
     st.tok
         .encode(text, special)
         .map(|e| e.get_ids().to_vec())
-        .map_err(|e| err(StatusCode::BAD_REQUEST, format!("tokenizer: {e}")))
+        .map_err(|e| bad(StatusCode::BAD_REQUEST, format!("tokenizer: {e}")))
 }
 
 async fn tokenize(State(st): State<St>, Json(b): Json<Value>) -> Response {
@@ -140,7 +151,7 @@ async fn tokenize(State(st): State<St>, Json(b): Json<Value>) -> Response {
     };
     match tokens {
         Ok(t) => Json(json!({"count": t.len(), "max_model_len": st.cfg.max_model_len, "tokens": t, "token_strs": null})).into_response(),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -152,7 +163,7 @@ fn ids(v: &Value) -> Option<Vec<u32>> {
 }
 
 /// `prompt` as a list of token-id prompts.
-fn prompts(st: &Sim, p: &Value) -> Result<Vec<Vec<u32>>, Response> {
+fn prompts(st: &Sim, p: &Value) -> Result<Vec<Vec<u32>>, Bad> {
     if let Some(s) = p.as_str() {
         return Ok(vec![encode(st, s, true)?]);
     }
@@ -162,13 +173,13 @@ fn prompts(st: &Sim, p: &Value) -> Result<Vec<Vec<u32>>, Response> {
     let list = p
         .as_array()
         .filter(|a| !a.is_empty())
-        .ok_or_else(|| err(StatusCode::BAD_REQUEST, "prompt must be text or token ids"))?;
+        .ok_or_else(|| bad(StatusCode::BAD_REQUEST, "prompt must be text or token ids"))?;
     list.iter()
         .map(|x| match x.as_str() {
             Some(s) => encode(st, s, true),
             None => ids(x)
                 .filter(|v| !v.is_empty())
-                .ok_or_else(|| err(StatusCode::BAD_REQUEST, "bad prompt entry")),
+                .ok_or_else(|| bad(StatusCode::BAD_REQUEST, "bad prompt entry")),
         })
         .collect()
 }
@@ -209,7 +220,7 @@ impl Shape {
 async fn completions(State(st): State<St>, Json(b): Json<Value>) -> Response {
     let ps = match b.get("prompt").map(|p| prompts(&st, p)) {
         Some(Ok(p)) => p,
-        Some(Err(r)) => return r,
+        Some(Err(r)) => return r.into_response(),
         None => return err(StatusCode::BAD_REQUEST, "prompt is required"),
     };
     let max_tokens = b.get("max_tokens").and_then(Value::as_u64).unwrap_or(16) as u32;

@@ -373,7 +373,9 @@ impl Loop<'_> {
         let spec = self.d.controller.speculating();
         let overlap = k > 0 && self.d.drafter.wants_overlap();
         let t = Instant::now();
+        let in_flight = self.d.controller.verifying(k + 1);
         let (res, pre) = self.verify(&proposal.tokens, overlap).await;
+        drop(in_flight);
         let dt = t.elapsed();
         self.outside += dt;
         self.d

@@ -40,7 +40,9 @@
 //!   residual that tracks how this stream deviates from it right now. Observations come
 //!   from verify rounds and, while relaying, from checking shadow proposals against the
 //!   tokens the upstream streams back — so acceptance stays fresh in both modes.
-//! - "Others" are this server's relaying streams and passthrough requests.
+//! - "Others" are this server's relaying streams and passthrough requests, plus the
+//!   upstream's running requests (from its `/metrics`) beyond what this server can have
+//!   had there when they were read — clients that bypass specd.
 //!
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
 //! the probe interval, one speculating stream relays a few tokens to re-measure it; when
@@ -139,12 +141,24 @@ impl Drop for Active {
     }
 }
 
+/// Requests the upstream reports running, and when that was read (its `/metrics`).
+pub type RunningSource = Box<dyn Fn() -> Option<(f64, Instant)> + Send + Sync>;
+
+/// How long a reading of the upstream's running requests is trusted.
+const RUNNING_FRESH: Duration = Duration::from_secs(2);
+
 pub struct Controller {
     cfg: ControllerConfig,
     levels: Mutex<[Level; LEVELS]>,
     drafters: Mutex<[DrafterStats; DRAFTERS]>,
     active: AtomicUsize,
     relaying: AtomicUsize,
+    /// Prompts of this server's verify calls in flight, and the recent peak of those plus
+    /// relays (previous and current window): what the upstream may have counted as ours
+    /// when it was last read.
+    verify_prompts: AtomicUsize,
+    peak: Mutex<(usize, usize, Instant)>,
+    running: Option<RunningSource>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -162,6 +176,9 @@ impl Controller {
             drafters: Mutex::new([DrafterStats::default(); DRAFTERS]),
             active: AtomicUsize::new(0),
             relaying: AtomicUsize::new(0),
+            verify_prompts: AtomicUsize::new(0),
+            peak: Mutex::new((0, 0, Instant::now())),
+            running: None,
             metrics,
         }
     }
@@ -278,17 +295,55 @@ impl Controller {
     /// Streams of this server decoding plainly besides the caller: relaying streams (less
     /// the caller when it relays) and passthrough requests.
     fn others_decoding(&self, self_relaying: bool) -> usize {
-        let relay = self
-            .relaying
-            .load(Ordering::Relaxed)
-            .saturating_sub(usize::from(self_relaying));
+        let relaying = self.relaying.load(Ordering::Relaxed);
         let pass = self.metrics.as_ref().map_or(0, |m| {
             m.active_streams
                 .with_label_values(&["passthrough"])
                 .get()
                 .max(0) as usize
         });
-        relay + pass
+        // Clients of the upstream that do not go through this server: what it reports
+        // running beyond the most this server can have had there when it was read.
+        let external = self
+            .running
+            .as_ref()
+            .and_then(|f| f())
+            .filter(|(_, at)| at.elapsed() < RUNNING_FRESH)
+            .map_or(0, |(running, _)| {
+                let peak = self.peak.lock().map_or(0, |g| g.0.max(g.1));
+                let ours = pass + peak.max(self.own_requests());
+                (running - ours as f64).max(0.0) as usize
+            });
+        relaying.saturating_sub(usize::from(self_relaying)) + pass + external
+    }
+
+    /// Use the upstream's own count of running requests to see load from other clients.
+    pub fn with_upstream_running(mut self, f: RunningSource) -> Self {
+        self.running = Some(f);
+        self
+    }
+
+    /// Requests this server has at the upstream now: verify prompts and relays.
+    fn own_requests(&self) -> usize {
+        self.verify_prompts.load(Ordering::Relaxed) + self.relaying.load(Ordering::Relaxed)
+    }
+
+    /// Remember the recent peak of our own requests (a reading may predate a drop).
+    fn note_peak(&self) {
+        let now = self.own_requests();
+        if let Ok(mut g) = self.peak.lock() {
+            if g.2.elapsed() > RUNNING_FRESH {
+                *g = (g.1, 0, Instant::now());
+            }
+            g.1 = g.1.max(now);
+        }
+    }
+
+    /// Marks `prompts` verify prompts as in flight at the upstream while the guard lives.
+    pub fn verifying(self: &Arc<Self>, prompts: usize) -> Verifying {
+        self.verify_prompts.fetch_add(prompts, Ordering::Relaxed);
+        self.note_peak();
+        Verifying(self.clone(), prompts)
     }
 
     /// Costs: T_dec and relay restart at `load` streams, T_ver(k) with `spec` streams
@@ -464,7 +519,15 @@ impl Controller {
     /// Marks the caller as relaying while the guard lives.
     pub fn relaying(self: &Arc<Self>) -> Relaying {
         self.relaying.fetch_add(1, Ordering::Relaxed);
+        self.note_peak();
         Relaying(self.clone())
+    }
+}
+
+pub struct Verifying(Arc<Controller>, usize);
+impl Drop for Verifying {
+    fn drop(&mut self) {
+        self.0.verify_prompts.fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 

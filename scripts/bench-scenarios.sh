@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The controller benchmark: plain decoding, static K and `auto`, side by side.
+#
+#   scripts/bench-scenarios.sh [sim|vllm|suffix|all]   (default: sim)
+#
+# sim     the field scenarios (accepted length 1.5, 2.0, 3.4 and a mixed stream) against
+#         specd-sim, the latency-model upstream (decode 12.1 ms, verify ≈ 30 ms), at 1 and
+#         16 concurrent streams.
+# vllm    repetitive and open-ended text against the real vLLM on the CPU
+#         (scripts/vllm-cpu-upstream.sh; reused when already running).
+# suffix  time per proposal and memory of the suffix drafter.
+#
+# Extra arguments after the suite go to `specd-sim bench` (e.g. --repeats 5 --tokens 256).
+# Results are printed as markdown tables; JSON copies go to $SPECD_BENCH_OUT
+# (default: target/bench-results).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+suite=${1:-sim}
+shift || true
+out=${SPECD_BENCH_OUT:-target/bench-results}
+mkdir -p "$out"
+
+cargo build --release --bins >&2
+bin=${CARGO_TARGET_DIR:-target}/release
+
+run_sim() {
+    "$bin/specd-sim" bench --json "$out/sim.json" "$@"
+}
+
+run_vllm() {
+    local up
+    up=$(bash scripts/vllm-cpu-upstream.sh start | tail -n 1 | sed 's/^UPSTREAM=//')
+    "$bin/specd-sim" bench --upstream "$up" --drafter "${SPECD_BENCH_DRAFTER:-suffix}" \
+        --tokens 64 --repeats 2 --json "$out/vllm.json" "$@"
+}
+
+run_suffix() {
+    "$bin/specd-sim" suffix-bench "$@"
+}
+
+case $suite in
+    sim) run_sim "$@" ;;
+    vllm) run_vllm "$@" ;;
+    suffix) run_suffix "$@" ;;
+    all) run_sim; run_vllm; run_suffix ;;
+    *) echo "usage: $0 [sim|vllm|suffix|all] [bench args...]" >&2; exit 2 ;;
+esac
