@@ -166,7 +166,9 @@ async fn both_server_kinds_are_detected() {
             .unwrap_or_else(|| panic!("no specd_upstream_info in front of {kind}"));
         assert!(line.contains(&format!("kind=\"{kind}\"")), "{line}");
         assert!(line.contains("model=\"specd-target\""), "{line}");
-        assert!(line.contains("max_model_len=\"2048\""), "{line}");
+        // SGLang: its input limit (context 2048 less 6 reserved), which bounds every call.
+        let len = if kind == "sglang" { 2042 } else { 2048 };
+        assert!(line.contains(&format!("max_model_len=\"{len}\"")), "{line}");
         assert!(!line.contains("version=\"unknown\""), "{line}");
     }
 }
@@ -408,6 +410,29 @@ async fn out_of_vocabulary_ids_never_reach_sglang() {
         .await
         .expect("health");
     assert!(r.status().is_success(), "SGLang is still up");
+}
+
+#[tokio::test]
+async fn generation_runs_up_to_sglangs_input_limit() {
+    let up = sglang_upstream();
+    let specd = Specd::start_ready(&up, &["--speculation", "on", "--drafter", "ngram"]).await;
+    let mut rng = fastrand::Rng::with_seed(5);
+    let prompt: Vec<u32> = std::iter::once(0)
+        .chain((1..2030).map(|_| rng.u32(4..4096)))
+        .collect();
+    // 2030 + 12 = 2042: every call specd makes stays below SGLang's input limit.
+    let b = json!({"model": model_name(), "prompt": prompt, "max_tokens": 12, "temperature": 0,
+                   "ignore_eos": true});
+    let d = ask(&up, "/v1/completions", &b).await;
+    let v = ask(&specd.url, "/v1/completions", &b).await;
+    assert_same(&d, &v, "up to the limit");
+    // Without a limit of its own the request ends there, without an upstream error.
+    let mut open = b.clone();
+    open.as_object_mut().expect("object").remove("max_tokens");
+    let (s, v) = post(&specd.url, "/v1/completions", &open).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 12, "{v}");
 }
 
 #[test]

@@ -106,6 +106,11 @@ fn looks_like_sglang(si: &Value) -> bool {
         .any(|k| si.get(k).is_some())
 }
 
+fn sglang_input_limit(si: &Value) -> Option<u32> {
+    let n = si.get("max_req_input_len").and_then(Value::as_u64)?;
+    u32::try_from(n).ok().filter(|&n| n > 0)
+}
+
 /// Ask the upstream what it is. `/v1/models` is common to both servers; `owned_by`
 /// (`vllm` or `sglang`), then SGLang's `/server_info` (or the older `/get_server_info`),
 /// tell them apart.
@@ -183,6 +188,15 @@ pub async fn detect(client: &Client, base: &str) -> Result<UpstreamInfo, DetectE
                     .unwrap_or(0) as u32;
             }
         }
+        // SGLang refuses any input of `max_req_input_len` tokens or more (context length
+        // and KV pool, minus a reserve), and every verify or relay call sends the whole
+        // context as input: that is the longest context specd can work with.
+        if let Some(limit) = server_info.as_ref().and_then(sglang_input_limit) {
+            max_model_len = match max_model_len {
+                0 => limit,
+                n => n.min(limit),
+            };
+        }
     }
     let sglang = (kind == UpstreamKind::Sglang).then(|| {
         server_info
@@ -211,6 +225,16 @@ mod tests {
             &json!({"version": "0.5.23", "max_total_num_tokens": 8192, "model_path": "/m"})
         ));
         assert!(!looks_like_sglang(&json!({"vllm_config": "..."})));
+    }
+
+    #[test]
+    fn sglang_input_limit_bounds_the_context() {
+        assert_eq!(
+            sglang_input_limit(&json!({"max_req_input_len": 2042})),
+            Some(2042)
+        );
+        assert_eq!(sglang_input_limit(&json!({"max_req_input_len": 0})), None);
+        assert_eq!(sglang_input_limit(&json!({})), None);
     }
 
     #[test]
