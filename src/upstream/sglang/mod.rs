@@ -288,7 +288,12 @@ impl SglangBackend {
         }
         let v = self
             .up
-            .post_json("/generate", &Value::Object(body), self.up.verify_timeout())
+            .post_json_retry(
+                "/generate",
+                &Value::Object(body),
+                self.up.verify_timeout(),
+                None,
+            )
             .await?;
         let items = match v {
             Value::Array(a) => a,
@@ -328,7 +333,7 @@ impl SglangBackend {
         });
         let v = self
             .up
-            .post_json("/generate", &body, self.up.verify_timeout())
+            .post_json_retry("/generate", &body, self.up.verify_timeout(), None)
             .await?;
         let item = match &v {
             Value::Array(a) if a.len() == 1 => &a[0],
@@ -359,7 +364,12 @@ impl SglangBackend {
     async fn tokenize(&self, body: Value) -> Result<Tokenized, ApiError> {
         let v = self
             .up
-            .post_json("/v1/tokenize", &body, std::time::Duration::from_secs(30))
+            .post_json_retry(
+                "/v1/tokenize",
+                &body,
+                std::time::Duration::from_secs(30),
+                None,
+            )
             .await?;
         let tokens = v
             .get("tokens")
@@ -392,33 +402,20 @@ impl SglangBackend {
         }
         let resp = self
             .up
-            .client
-            .post(self.up.url("/generate"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| self.up.map_send_error(e))?;
-        if !resp.status().is_success() {
-            let status = resp.status().as_u16();
-            let bytes = resp.bytes().await.unwrap_or_default();
-            self.up.count_error("status");
-            return Err(ApiError::Upstream {
-                status,
-                message: super::upstream_error_message(&bytes),
-            });
-        }
+            .start_stream("/generate", &Value::Object(body), None)
+            .await?;
         let up = self.up.clone();
         let incremental = self.settings.incremental_streaming;
         let logprobs = req.sampling.logprobs;
-        let mut bytes = resp.bytes_stream();
+        let mut chunks = self.up.stream_chunks(resp);
         Ok(async_stream_samples(move |tx| async move {
             let mut parser = SseParser::new();
             let mut seen = 0usize;
-            while let Some(chunk) = bytes.next().await {
+            while let Some(chunk) = chunks.next().await {
                 let chunk = match chunk {
                     Ok(c) => c,
                     Err(e) => {
-                        let _ = tx.send(Err(up.map_send_error(e))).await;
+                        let _ = tx.send(Err(e)).await;
                         return;
                     }
                 };
