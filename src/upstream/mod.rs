@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
 use http::HeaderValue;
 use reqwest::Client;
 use serde_json::Value;
@@ -48,8 +51,13 @@ pub enum ClientError {
     Build(#[from] reqwest::Error),
 }
 
-/// Attempts of one idempotent upstream call (see [`Upstream::post_json_retry`]).
-const ATTEMPTS: u32 = 3;
+/// Attempts of one upstream call that may be repeated (see [`Upstream::post_json_retry`]).
+pub const ATTEMPTS: u32 = 3;
+
+/// Pause before attempt `attempt + 1`: 50 ms, then 200 ms.
+pub fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(50 * 4u64.pow(attempt.saturating_sub(1)))
+}
 
 impl Upstream {
     pub fn new(args: &ServeArgs, metrics: Arc<Metrics>) -> Result<Self, ClientError> {
@@ -290,12 +298,98 @@ impl Upstream {
             match self.post_json_auth(path, body, timeout, auth).await {
                 Err(e) if attempt < ATTEMPTS && is_transient(&e) => {
                     tracing::debug!(error = %e, attempt, path, "upstream call failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(50 * 4u64.pow(attempt - 1))).await;
+                    tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
                 }
                 r => return r,
             }
         }
+    }
+
+    /// Start a streamed call (a relay): the response once its status is 2xx. Nothing of
+    /// it has reached the client yet, so a failed start is retried like a verify call;
+    /// the wait for the answer is bounded by the verify timeout.
+    pub async fn start_stream(
+        &self,
+        path: &str,
+        body: &Value,
+        auth: Option<&HeaderValue>,
+    ) -> Result<reqwest::Response, ApiError> {
+        let idle = self.verify_timeout;
+        let mut attempt = 1;
+        loop {
+            let r = match tokio::time::timeout(idle, self.send_stream(path, body, auth)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.count_error("timeout");
+                    Err(ApiError::UpstreamTimeout(format!(
+                        "the upstream did not answer within {}s",
+                        idle.as_secs_f64()
+                    )))
+                }
+            };
+            match r {
+                Err(e) if attempt < ATTEMPTS && is_transient(&e) => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn send_stream(
+        &self,
+        path: &str,
+        body: &Value,
+        auth: Option<&HeaderValue>,
+    ) -> Result<reqwest::Response, ApiError> {
+        let mut req = self.client.post(self.url(path)).json(body);
+        if let Some(a) = auth {
+            req = req.header(http::header::AUTHORIZATION, a.clone());
+        }
+        let resp = req.send().await.map_err(|e| self.map_send_error(e))?;
+        if !resp.status().is_success() {
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await.unwrap_or_default();
+            self.count_error("status");
+            return Err(ApiError::Upstream {
+                status,
+                message: upstream_error_message(&bytes),
+            });
+        }
+        Ok(resp)
+    }
+
+    /// The body of a streamed answer, chunk by chunk. Waiting longer than the verify
+    /// timeout for the next chunk is an error: a stalled upstream fails the stream
+    /// instead of hanging it.
+    pub fn stream_chunks(
+        self: &Arc<Self>,
+        resp: reqwest::Response,
+    ) -> BoxStream<'static, Result<Bytes, ApiError>> {
+        let idle = self.verify_timeout;
+        let up = self.clone();
+        futures_util::stream::unfold(Some(resp.bytes_stream()), move |body| {
+            let up = up.clone();
+            async move {
+                let mut body = body?;
+                match tokio::time::timeout(idle, body.next()).await {
+                    Ok(Some(Ok(b))) => Some((Ok(b), Some(body))),
+                    Ok(Some(Err(e))) => Some((Err(up.map_send_error(e)), None)),
+                    Ok(None) => None,
+                    Err(_) => {
+                        up.count_error("timeout");
+                        let e = ApiError::UpstreamTimeout(format!(
+                            "no data from the upstream for {}s",
+                            idle.as_secs_f64()
+                        ));
+                        Some((Err(e), None))
+                    }
+                }
+            }
+        })
+        .boxed()
     }
 
     pub fn count_error(&self, kind: &'static str) {

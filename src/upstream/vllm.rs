@@ -3,7 +3,6 @@
 //! `return_tokens_as_token_ids`. Never `prompt_logprobs`/`echo`: they bypass the prefix cache.
 
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use futures_util::future::{join_all, BoxFuture};
@@ -178,37 +177,6 @@ impl VllmBackend {
         })
     }
 
-    /// Start a streamed completion: the response once its status is 2xx.
-    async fn send(&self, body: &Value) -> Result<reqwest::Response, ApiError> {
-        let mut rb = self
-            .up
-            .client
-            .post(self.up.url("/v1/completions"))
-            .json(body);
-        if let Some(a) = &self.auth {
-            rb = rb.header(http::header::AUTHORIZATION, a.clone());
-        }
-        let resp = rb.send().await.map_err(|e| self.up.map_send_error(e))?;
-        if !resp.status().is_success() {
-            let status = resp.status().as_u16();
-            let bytes = resp.bytes().await.unwrap_or_default();
-            self.up.count_error("status");
-            return Err(ApiError::Upstream {
-                status,
-                message: super::upstream_error_message(&bytes),
-            });
-        }
-        Ok(resp)
-    }
-
-    fn stalled(&self, idle: Duration) -> ApiError {
-        self.up.count_error("timeout");
-        ApiError::UpstreamTimeout(format!(
-            "the upstream did not answer within {}s",
-            idle.as_secs_f64()
-        ))
-    }
-
     async fn relay_impl(&self, req: RelayRequest<'_>) -> Result<SampleStream, ApiError> {
         let mut body = base_body(req.model, req.sampling);
         body.insert("max_tokens".into(), req.max_tokens.into());
@@ -219,49 +187,19 @@ impl VllmBackend {
             body.insert("seed".into(), position_seed(seed, req.context.len()).into());
         }
         let want_top = req.sampling.logprobs.unwrap_or(0) > 0;
-        // Nothing of a relay reaches the client before its first token, so starting it
-        // may be retried like a verify call. Each wait (for the answer, then for every
-        // next chunk) is bounded by the verify timeout: a stalled upstream fails the
-        // request instead of hanging it.
-        let idle = self.up.verify_timeout();
-        let body = Value::Object(body);
-        let mut attempt = 1;
-        let resp = loop {
-            let r = match tokio::time::timeout(idle, self.send(&body)).await {
-                Ok(r) => r,
-                Err(_) => Err(self.stalled(idle)),
-            };
-            match r {
-                Err(e) if attempt < 3 && super::is_transient(&e) => {
-                    tokio::time::sleep(Duration::from_millis(50 * 4u64.pow(attempt - 1))).await;
-                    attempt += 1;
-                }
-                r => break r?,
-            }
-        };
+        let resp = self
+            .up
+            .start_stream("/v1/completions", &Value::Object(body), self.auth.as_ref())
+            .await?;
         let up = self.up.clone();
-        let mut bytes = resp.bytes_stream();
+        let mut chunks = self.up.stream_chunks(resp);
         let stream = async_stream_samples(move |tx| async move {
             let mut parser = SseParser::new();
-            loop {
-                let chunk = match tokio::time::timeout(idle, bytes.next()).await {
-                    Ok(Some(c)) => c,
-                    Ok(None) => break,
-                    Err(_) => {
-                        up.count_error("timeout");
-                        let _ = tx
-                            .send(Err(ApiError::UpstreamTimeout(format!(
-                                "no data from the upstream for {}s",
-                                idle.as_secs_f64()
-                            ))))
-                            .await;
-                        return;
-                    }
-                };
+            while let Some(chunk) = chunks.next().await {
                 let chunk = match chunk {
                     Ok(c) => c,
                     Err(e) => {
-                        let _ = tx.send(Err(up.map_send_error(e))).await;
+                        let _ = tx.send(Err(e)).await;
                         return;
                     }
                 };

@@ -404,30 +404,6 @@ impl SglangBackend {
         })
     }
 
-    /// Start a streamed `/generate`: the response once its status is 2xx.
-    async fn send(&self, body: &Value) -> Result<reqwest::Response, ApiError> {
-        let mut rb = self.up.client.post(self.up.url("/generate")).json(body);
-        if let Some(a) = &self.auth {
-            rb = rb.header(http::header::AUTHORIZATION, a.clone());
-        }
-        let resp = rb.send().await.map_err(|e| self.up.map_send_error(e))?;
-        if !resp.status().is_success() {
-            let status = resp.status().as_u16();
-            let bytes = resp.bytes().await.unwrap_or_default();
-            self.up.count_error("status");
-            return Err(ApiError::Upstream {
-                status,
-                message: super::upstream_error_message(&bytes),
-            });
-        }
-        Ok(resp)
-    }
-
-    fn stalled(&self, idle: Duration) -> ApiError {
-        self.up.count_error("timeout");
-        ApiError::UpstreamTimeout(stalled_message(idle))
-    }
-
     async fn relay_impl(&self, req: RelayRequest<'_>) -> Result<SampleStream, ApiError> {
         self.check_ids(req.context)?;
         let mut body = Map::new();
@@ -441,44 +417,22 @@ impl SglangBackend {
             body.insert("return_logprob".into(), true.into());
             body.insert("top_logprobs_num".into(), n.into());
         }
-        let body = Value::Object(body);
-        // Nothing of a relay reaches the client before its first token, so starting it may
-        // be retried like a verify call; every wait is bounded by the verify timeout, so a
-        // stalled upstream fails the request instead of hanging it.
-        let idle = self.up.verify_timeout();
-        let mut attempt = 1;
-        let resp = loop {
-            let r = match tokio::time::timeout(idle, self.send(&body)).await {
-                Ok(r) => r,
-                Err(_) => Err(self.stalled(idle)),
-            };
-            match r {
-                Err(e) if attempt < 3 && super::is_transient(&e) => {
-                    tokio::time::sleep(Duration::from_millis(50 * 4u64.pow(attempt - 1))).await;
-                    attempt += 1;
-                }
-                r => break r?,
-            }
-        };
+        let resp = self
+            .up
+            .start_stream("/generate", &Value::Object(body), self.auth.as_ref())
+            .await?;
         let up = self.up.clone();
-        let stalled = stalled_message(idle);
         let incremental = self.settings.incremental_streaming;
         let logprobs = req.sampling.logprobs;
-        let mut bytes = resp.bytes_stream();
+        let mut chunks = self.up.stream_chunks(resp);
         Ok(async_stream_samples(move |tx| async move {
             let mut parser = SseParser::new();
             let mut seen = 0usize;
-            loop {
-                let chunk = match tokio::time::timeout(idle, bytes.next()).await {
-                    Ok(Some(Ok(c))) => c,
-                    Ok(None) => return,
-                    Ok(Some(Err(e))) => {
-                        let _ = tx.send(Err(up.map_send_error(e))).await;
-                        return;
-                    }
-                    Err(_) => {
-                        up.count_error("timeout");
-                        let _ = tx.send(Err(ApiError::UpstreamTimeout(stalled))).await;
+            while let Some(chunk) = chunks.next().await {
+                let chunk = match chunk {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
                         return;
                     }
                 };
@@ -504,10 +458,6 @@ impl SglangBackend {
             }
         }))
     }
-}
-
-fn stalled_message(idle: Duration) -> String {
-    format!("no data from the upstream for {}s", idle.as_secs_f64())
 }
 
 impl Backend for SglangBackend {
