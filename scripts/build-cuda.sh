@@ -11,7 +11,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-CACHE="${SPECD_CACHE:-$HOME/.cache/specd}"
+CACHE="${SPECD_CACHE_DIR:-$HOME/.cache/specd}"
 VENV="$CACHE/cuda-venv"
 WHEELS=(nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cublas==13.0.2.14
   nvidia-curand==10.4.0.35 nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-crt==13.0.88

@@ -3,6 +3,9 @@
 # the dashboard/monitoring tooling. Uses the cached vLLM venv (it has openai and pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${SPECD_PYTHON:-$HOME/.cache/specd/vllm-venv/bin/python}
-[ -x target/release/specd ] || cargo build --release --bins
+PY=${SPECD_PYTHON:-${SPECD_CACHE_DIR:-$HOME/.cache/specd}/vllm-venv/bin/python}
+if [ -z "${SPECD_BIN:-}" ]; then
+  [ -x target/release/specd ] || cargo build --release --bins
+  export SPECD_BIN="$PWD/target/release/specd"
+fi
 "$PY" -m pytest -q -p no:cacheprovider tests/python

@@ -21,8 +21,10 @@ cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 
 step "build"
-cargo build --release --bins
+# One build serves every test: the debug binary (dependencies optimised, see Cargo.toml)
+# is what the Rust, Python and dashboard tests run.
 cargo nextest run --no-run >/dev/null
+export SPECD_BIN="$ROOT/target/debug/specd"
 
 step "vLLM test upstream"
 # float32: the exactness tests compare token ids with direct vLLM; bf16 ties between
@@ -30,7 +32,11 @@ step "vLLM test upstream"
 export SPECD_VLLM_EXTRA_ARGS=${SPECD_VLLM_EXTRA_ARGS:---dtype float32}
 UPSTREAM=$(bash scripts/vllm-cpu-upstream.sh start | tail -n 1 | sed 's/^UPSTREAM=//')
 export SPECD_TEST_UPSTREAM="$UPSTREAM"
-cleanup() { bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true; }
+cleanup() {
+  bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  # The SGLang tests start their upstream on first use (scripts/sglang-cpu-upstream.sh).
+  bash "$ROOT/scripts/sglang-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+}
 if [ -z "${SPECD_KEEP_UPSTREAM:-}" ]; then trap cleanup EXIT; fi
 echo "upstream: $UPSTREAM" >&2
 

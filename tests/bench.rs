@@ -115,7 +115,7 @@ async fn bench_report_matches_specd_metrics() {
     // The same figures from specd's counters, read independently after the run (this specd
     // served nothing else, so its totals are the run's).
     let m = specd.metrics().await;
-    let m_rounds = counter(&m, "specd_controller_chosen_k_count");
+    let m_rounds = counter(&m, "specd_spec_rounds_per_request_sum");
     let m_emitted = counter(&m, "specd_spec_decode_num_emitted_tokens_total");
     let m_drafts = counter(&m, "specd_spec_decode_num_draft_tokens_total");
     let m_accepted = counter(&m, "specd_spec_decode_num_accepted_tokens_total");

@@ -226,7 +226,7 @@ specd_spec_decode_num_drafts_total{drafter="suffix"} 5
 specd_spec_decode_num_draft_tokens_total{drafter="ngram"} 40
 specd_spec_decode_num_accepted_tokens_total{drafter="ngram"} 12
 specd_spec_decode_num_emitted_tokens_total{drafter="ngram"} 30
-specd_controller_chosen_k_count{drafter="ngram"} 18
+specd_spec_rounds_per_request_sum{drafter="ngram"} 18
 specd_spec_decode_accepted_length_bucket{drafter="ngram",le="0"} 4
 specd_spec_decode_accepted_length_bucket{drafter="ngram",le="1"} 7
 specd_spec_decode_accepted_length_bucket{drafter="ngram",le="2"} 10
