@@ -6,7 +6,7 @@
 //!
 //! Prints TTFT p50/p95 and per-stream tokens/s for both, and their ratio.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -71,7 +71,10 @@ async fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let client = reqwest::Client::new();
+    let client = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(3))
+        .build()
+        .expect("client");
     let models: Value = client
         .get(format!("{up}/v1/models"))
         .send()

@@ -148,6 +148,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_CONNECT_TIMEOUT", default_value_t = 5.0)]
     pub connect_timeout: f64,
 
+    /// Close pooled upstream connections idle this long, in seconds. Keep it below the
+    /// upstream's keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s), so specd
+    /// never sends a request on a connection the server is closing at that moment.
+    #[arg(long, env = "SPECD_UPSTREAM_IDLE_TIMEOUT", default_value_t = 4.0)]
+    pub upstream_idle_timeout: f64,
+
     /// Interval of the upstream health check, in seconds.
     #[arg(long, env = "SPECD_HEALTH_INTERVAL", default_value_t = 2.0)]
     pub health_interval: f64,
@@ -188,6 +194,9 @@ impl ServeArgs {
     }
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.connect_timeout.max(0.001))
+    }
+    pub fn upstream_idle_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.upstream_idle_timeout.max(0.001))
     }
     pub fn health_interval(&self) -> Duration {
         Duration::from_secs_f64(self.health_interval.max(0.05))

@@ -29,9 +29,8 @@ impl Drop for Sim {
 }
 
 fn start_sim() -> Sim {
-    let home = std::env::var("HOME").unwrap_or_default();
     let tok = std::env::var("SPECD_SIM_TOKENIZER")
-        .unwrap_or_else(|_| format!("{home}/.cache/specd/models/target"));
+        .unwrap_or_else(|_| models_dir().join("target").display().to_string());
     let mut child = Command::new(env!("CARGO_BIN_EXE_specd-sim"))
         .args(["serve", "--tokenizer", &tok])
         .stderr(Stdio::piped())

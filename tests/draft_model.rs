@@ -14,15 +14,20 @@ use std::process::Command;
 use specd::draft::model::bench::{check_reference, load_reference, Tolerance};
 use specd::draft::model::ModelDrafter;
 
-fn home() -> PathBuf {
-    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+/// specd's cache root: `SPECD_CACHE_DIR`, else ~/.cache/specd (as in scripts/).
+fn cache() -> PathBuf {
+    std::env::var_os("SPECD_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/specd")
+        })
 }
 
 fn python() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("SPECD_REFERENCE_PYTHON") {
         return Some(PathBuf::from(p));
     }
-    let p = home().join(".cache/specd/vllm-venv/bin/python");
+    let p = cache().join("vllm-venv/bin/python");
     p.exists().then_some(p)
 }
 
@@ -84,7 +89,10 @@ async fn forward_matches_transformers() {
         ));
     }
     for name in ["draft", "target"] {
-        let dir = home().join(".cache/specd/models").join(name);
+        let dir = std::env::var_os("SPECD_MODELS_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| cache().join("models"))
+            .join(name);
         if !dir.join("config.json").exists() {
             eprintln!("no project model {}: skipped", dir.display());
             continue;

@@ -182,9 +182,8 @@ async fn client_disconnects_abort_the_upstream_requests() {
         b["ignore_eos"] = json!(true);
         if mode == "auto" {
             // Sampled text rarely repeats, so the n-gram drafter has nothing and the
-            // stream stays in one long relay.
+            // stream stays in one long relay (unseeded: seeded streams never relay).
             b["temperature"] = json!(1.0);
-            b["seed"] = json!(11);
         }
         b
     };
@@ -202,10 +201,12 @@ async fn client_disconnects_abort_the_upstream_requests() {
     });
     let m = specd.metrics().await;
     assert!(metric_sum(&m, "specd_active_streams") >= 3.0, "{m}");
-    let now = running().await;
+    // vLLM refreshes its gauges periodically: wait for them to show both.
+    let both = wait_for(Duration::from_secs(15), || async { running().await >= 2.0 }).await;
     assert!(
-        now >= 2.0,
-        "vLLM runs the relay and passthrough requests: {now}"
+        both,
+        "vLLM runs the relay and passthrough requests: {}",
+        running().await
     );
 
     let t = Instant::now();

@@ -347,12 +347,7 @@ async fn seeded_sampling_is_reproducible() {
 #[tokio::test]
 async fn model_drafter_is_lossless_and_target_as_draft_is_accepted() {
     let up = upstream();
-    let models = std::env::var("SPECD_MODELS_DIR").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/specd/models",
-            std::env::var("HOME").unwrap_or_default()
-        )
-    });
+    let models = models_dir().display().to_string();
     for (dir, min_rate) in [("target", 0.95), ("draft", 0.0)] {
         let path = format!("{models}/{dir}");
         let specd = Specd::start_ready(

@@ -25,6 +25,8 @@ impl Http {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .pool_max_idle_per_host(256)
+            // Below uvicorn's 5 s keep-alive, for endpoints served by vLLM or SGLang.
+            .pool_idle_timeout(Duration::from_secs(3))
             .build()
             .context("building the HTTP client")?;
         Ok(Http { client, api_key })

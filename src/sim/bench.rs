@@ -334,11 +334,14 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => std::env::current_exe()?.with_file_name("specd"),
     };
-    let home = std::env::var("HOME").unwrap_or_default();
-    let tokenizer = a
-        .tokenizer
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("{home}/.cache/specd/models/target")));
+    let tokenizer = a.tokenizer.clone().unwrap_or_else(|| {
+        let cache = std::env::var_os("SPECD_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/specd")
+            });
+        cache.join("models/target")
+    });
     let (upstream, scenarios, drafter, _sim) = match &a.upstream {
         Some(u) => (u.clone(), text_scenarios(), a.drafter.clone(), None),
         None => {
@@ -359,6 +362,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     };
     let c = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
+        .pool_idle_timeout(Duration::from_secs(3))
         .timeout(Duration::from_secs(600))
         .build()?;
     let info: Value = c

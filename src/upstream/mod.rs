@@ -63,7 +63,7 @@ impl Upstream {
     pub fn new(args: &ServeArgs, metrics: Arc<Metrics>) -> Result<Self, ClientError> {
         let mut builder = Client::builder()
             .connect_timeout(args.connect_timeout())
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_idle_timeout(args.upstream_idle_timeout())
             .pool_max_idle_per_host(1024)
             .tcp_nodelay(true);
         if let Some(path) = &args.upstream_ca_cert {

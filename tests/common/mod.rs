@@ -39,6 +39,21 @@ pub fn upstream() -> String {
     .clone()
 }
 
+/// The test models' folder, as scripts/vllm-cpu-upstream.sh builds it: `SPECD_MODELS_DIR`,
+/// else `SPECD_CACHE_DIR`/models, else ~/.cache/specd/models.
+pub fn models_dir() -> std::path::PathBuf {
+    if let Some(d) = std::env::var_os("SPECD_MODELS_DIR") {
+        return d.into();
+    }
+    let cache = std::env::var_os("SPECD_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/specd")
+        });
+    cache.join("models")
+}
+
 /// URL of the real SGLang test upstream (`SPECD_TEST_SGLANG_UPSTREAM`, or started by
 /// scripts/sglang-cpu-upstream.sh, which reuses a running instance).
 pub fn sglang_upstream() -> String {
@@ -347,6 +362,8 @@ pub fn client() -> reqwest::Client {
     C.get_or_init(|| {
         reqwest::Client::builder()
             .timeout(Duration::from_secs(300))
+            // Below uvicorn's 5 s keep-alive: no request on a connection vLLM is closing.
+            .pool_idle_timeout(Duration::from_secs(2))
             .build()
             .expect("client")
     })
