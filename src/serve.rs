@@ -97,7 +97,9 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
 fn on_upstream(st: &Shared, info: &UpstreamInfo) {
     load_tokenizer(st, info);
     let backend: Arc<dyn Backend> = match info.kind {
-        UpstreamKind::Vllm => Arc::new(VllmBackend::new(st.upstream.clone())),
+        UpstreamKind::Vllm => {
+            Arc::new(VllmBackend::for_version(st.upstream.clone(), &info.version))
+        }
         UpstreamKind::Sglang => Arc::new(sglang_backend(st, info)),
     };
     if let Ok(mut g) = st.backend.write() {
