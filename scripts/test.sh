@@ -49,6 +49,9 @@ if [ -x scripts/python-tests.sh ]; then
   step "Python client tests"
   bash scripts/python-tests.sh
 fi
+step "deployment files (Dockerfile, compose, Helm chart, dashboard sources)"
+bash scripts/lint-deploy.sh
+
 if [ -x scripts/dashboard-test.sh ]; then
   step "dashboard against a real Prometheus"
   bash scripts/dashboard-test.sh
