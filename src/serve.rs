@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use tokio::sync::Semaphore;
 
 use crate::config::ServeArgs;
@@ -213,6 +214,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let mut rx = stop_rx.clone();
     let server = tokio::spawn(async move {
+        // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
+        // each one back until the client acknowledges the previous one.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 let _ = rx.wait_for(|v| *v).await;
