@@ -205,3 +205,13 @@ impl ServeArgs {
         Duration::from_secs_f64(self.drain_timeout.max(0.0))
     }
 }
+
+/// specd's cache root, as the scripts use it: `SPECD_CACHE_DIR`, else ~/.cache/specd.
+pub fn cache_dir() -> std::path::PathBuf {
+    std::env::var_os("SPECD_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/specd")
+        })
+}

@@ -14,14 +14,7 @@ use std::process::Command;
 use specd::draft::model::bench::{check_reference, load_reference, Tolerance};
 use specd::draft::model::ModelDrafter;
 
-/// specd's cache root: `SPECD_CACHE_DIR`, else ~/.cache/specd (as in scripts/).
-fn cache() -> PathBuf {
-    std::env::var_os("SPECD_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/specd")
-        })
-}
+use specd::config::cache_dir as cache;
 
 fn python() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("SPECD_REFERENCE_PYTHON") {

@@ -334,14 +334,10 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => std::env::current_exe()?.with_file_name("specd"),
     };
-    let tokenizer = a.tokenizer.clone().unwrap_or_else(|| {
-        let cache = std::env::var_os("SPECD_CACHE_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/specd")
-            });
-        cache.join("models/target")
-    });
+    let tokenizer = a
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| crate::config::cache_dir().join("models/target"));
     let (upstream, scenarios, drafter, _sim) = match &a.upstream {
         Some(u) => (u.clone(), text_scenarios(), a.drafter.clone(), None),
         None => {

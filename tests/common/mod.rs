@@ -45,13 +45,7 @@ pub fn models_dir() -> std::path::PathBuf {
     if let Some(d) = std::env::var_os("SPECD_MODELS_DIR") {
         return d.into();
     }
-    let cache = std::env::var_os("SPECD_CACHE_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/specd")
-        });
-    cache.join("models")
+    specd::config::cache_dir().join("models")
 }
 
 /// URL of the real SGLang test upstream (`SPECD_TEST_SGLANG_UPSTREAM`, or started by
