@@ -51,12 +51,32 @@ pub enum ClientError {
     Build(#[from] reqwest::Error),
 }
 
-/// Attempts of one upstream call that may be repeated (see [`Upstream::post_json_retry`]).
-pub const ATTEMPTS: u32 = 3;
+/// Attempts of one upstream call that may be repeated (see [`retry`]).
+const ATTEMPTS: u32 = 3;
 
 /// Pause before attempt `attempt + 1`: 50 ms, then 200 ms.
-pub fn backoff(attempt: u32) -> Duration {
+fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(50 * 4u64.pow(attempt.saturating_sub(1)))
+}
+
+/// Run `call` up to [`ATTEMPTS`] times while it fails transiently (see [`is_transient`]),
+/// pausing [`backoff`] between attempts.
+async fn retry<T, F, Fut>(path: &str, mut call: F) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Err(e) if attempt < ATTEMPTS && is_transient(&e) => {
+                tracing::debug!(error = %e, attempt, path, "upstream call failed; retrying");
+                tokio::time::sleep(backoff(attempt)).await;
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
 }
 
 impl Upstream {
@@ -293,17 +313,7 @@ impl Upstream {
         timeout: Duration,
         auth: Option<&HeaderValue>,
     ) -> Result<Value, ApiError> {
-        let mut attempt = 1;
-        loop {
-            match self.post_json_auth(path, body, timeout, auth).await {
-                Err(e) if attempt < ATTEMPTS && is_transient(&e) => {
-                    tracing::debug!(error = %e, attempt, path, "upstream call failed; retrying");
-                    tokio::time::sleep(backoff(attempt)).await;
-                    attempt += 1;
-                }
-                r => return r,
-            }
-        }
+        retry(path, || self.post_json_auth(path, body, timeout, auth)).await
     }
 
     /// Start a streamed call (a relay): the response once its status is 2xx. Nothing of
@@ -316,9 +326,8 @@ impl Upstream {
         auth: Option<&HeaderValue>,
     ) -> Result<reqwest::Response, ApiError> {
         let idle = self.verify_timeout;
-        let mut attempt = 1;
-        loop {
-            let r = match tokio::time::timeout(idle, self.send_stream(path, body, auth)).await {
+        retry(path, || async move {
+            match tokio::time::timeout(idle, self.send_stream(path, body, auth)).await {
                 Ok(r) => r,
                 Err(_) => {
                     self.count_error("timeout");
@@ -327,15 +336,9 @@ impl Upstream {
                         idle.as_secs_f64()
                     )))
                 }
-            };
-            match r {
-                Err(e) if attempt < ATTEMPTS && is_transient(&e) => {
-                    tokio::time::sleep(backoff(attempt)).await;
-                    attempt += 1;
-                }
-                r => return r,
             }
-        }
+        })
+        .await
     }
 
     async fn send_stream(
