@@ -146,6 +146,12 @@ impl Loop<'_> {
             }
         };
         drop(stream);
+        tracing::debug!(
+            relayed,
+            ms = start.elapsed().as_secs_f64() * 1e3,
+            probe = plan.probe,
+            "relay segment"
+        );
         self.d
             .metrics
             .mode_seconds

@@ -393,6 +393,13 @@ impl Loop<'_> {
             )));
         }
         let n = accepted_len(&proposal.tokens, samples.iter().map(|s| s.id));
+        tracing::debug!(
+            k,
+            accepted = n,
+            verify_ms = dt.as_secs_f64() * 1e3,
+            spec,
+            "round"
+        );
         if k > 0 {
             self.d.controller.observe_acceptance(
                 &mut self.ctl,
@@ -415,6 +422,9 @@ impl Loop<'_> {
             .output_tokens
             .with_label_values(&["speculate"])
             .inc_by(u64::from(gen.generated - before));
+        self.d
+            .controller
+            .record_round(&mut self.ctl, round_start.elapsed());
         let overhead = round_start
             .elapsed()
             .saturating_sub(self.outside - outside_before);
