@@ -279,3 +279,86 @@ fn the_correction_fades_without_new_rounds() {
     let faded = c.time_fix(1);
     assert!(faded < 1.05, "{faded}");
 }
+
+#[test]
+fn resume_needs_the_saving_to_cover_the_switch() {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let _r = c.relaying();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.98, 0.5);
+    assert_eq!(
+        c.plan_resume(&mut s, "oracle", &proposal(8, 0.5), 100),
+        Some(8)
+    );
+    assert_eq!(
+        c.plan_resume(&mut s, "oracle", &proposal(0, 0.5), 100),
+        None
+    );
+    let mut weak = StreamCtl::new(true, 2);
+    teach(&c, &mut weak, 0.3, 0.5);
+    assert_eq!(
+        c.plan_resume(&mut weak, "oracle", &proposal(8, 0.5), 100),
+        None
+    );
+}
+
+#[test]
+fn no_relay_restart_for_the_last_few_tokens() {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.52, 0.5);
+    assert_eq!(
+        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(1, 0.5), 2),
+        Decision::Speculate(1)
+    );
+    assert_eq!(
+        c.plan_round(&mut s, SpecMode::Auto, "oracle", &proposal(1, 0.5), 100),
+        Decision::Relay { probe: false }
+    );
+}
+
+#[test]
+fn clients_that_bypass_specd_count_as_decoding_streams() {
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r = running.clone();
+    let c = Arc::new(
+        Controller::new(
+            ControllerConfig {
+                probe_interval: Duration::from_secs(3600),
+                explore: 0.0,
+            },
+            None,
+        )
+        .with_upstream_running(Box::new(move || {
+            Some((
+                r.load(std::sync::atomic::Ordering::Relaxed) as f64,
+                Instant::now(),
+            ))
+        })),
+    );
+    for _ in 0..20 {
+        c.record_decode(1, 0.0121);
+        c.record_relay_start(1, ms(31.0));
+        for k in [2, 4, 8] {
+            c.record_verify(k, 1, ms(31.0 + 0.7 * k as f64));
+        }
+    }
+    let _me = c.enter();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.8, 0.5);
+    let plan =
+        |s: &mut StreamCtl| c.plan_round(s, SpecMode::Auto, "oracle", &proposal(8, 0.5), 100);
+    // The upstream counts only this stream's own verify prompts: no one else decodes.
+    running.store(9, std::sync::atomic::Ordering::Relaxed);
+    {
+        let _v = c.verifying(9);
+    }
+    assert!(matches!(plan(&mut s), Decision::Speculate(_)));
+    // Fifteen more requests from elsewhere: a verify pass would slow all of them.
+    running.store(24, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(plan(&mut s), Decision::Relay { probe: false });
+}
