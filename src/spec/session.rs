@@ -422,9 +422,6 @@ impl Loop<'_> {
             .output_tokens
             .with_label_values(&["speculate"])
             .inc_by(u64::from(gen.generated - before));
-        self.d
-            .controller
-            .record_round(&mut self.ctl, round_start.elapsed());
         let overhead = round_start
             .elapsed()
             .saturating_sub(self.outside - outside_before);

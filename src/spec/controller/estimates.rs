@@ -27,53 +27,6 @@ impl Ewma {
     }
 }
 
-/// Realised against predicted round time, over the rounds the controller chose.
-///
-/// T_ver is measured from verify calls alone; a round also spends time outside them
-/// (emitting tokens to a slow client, drafting that overlap did not hide, scheduling next
-/// to other requests), and the rounds that run are those whose estimates looked best, so
-/// noise in them turns into optimism. The ratio of realised to predicted totals corrects
-/// for both; it fades back to 1 while no round confirms it, so a stream that relays
-/// because of it tries again now and then. (Acceptance needs no such ratio: its
-/// calibration learns from the outcomes of exactly the rounds that ran.)
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Bias {
-    act: f64,
-    pred: f64,
-    n: u32,
-    at: Option<Instant>,
-}
-
-impl Bias {
-    pub(super) fn add(&mut self, actual: f64, predicted: f64) {
-        self.n = self.n.saturating_add(1);
-        let a = (1.0 / f64::from(self.n)).max(BIAS_ALPHA);
-        self.act += a * (actual - self.act);
-        self.pred += a * (predicted - self.pred);
-        self.at = Some(Instant::now());
-    }
-
-    /// Realised / predicted, shrunk towards 1 while samples are few or old, in `lo..=hi`.
-    pub(super) fn ratio(&self, fade: Duration, lo: f64, hi: f64) -> f64 {
-        let Some(at) = self.at else {
-            return 1.0;
-        };
-        if self.pred <= 0.0 {
-            return 1.0;
-        }
-        let n = f64::from(self.n);
-        let weight = n / (n + BIAS_PRIOR)
-            * (-at.elapsed().as_secs_f64() / fade.as_secs_f64().max(1e-3)).exp();
-        (1.0 + (self.act / self.pred - 1.0) * weight).clamp(lo, hi)
-    }
-}
-
-/// Learning-rate floor of the bias totals (about the last 10 rounds count).
-const BIAS_ALPHA: f64 = 0.1;
-/// Rounds' worth of "no bias" the ratio starts from (one round says little: accepted
-/// lengths vary widely).
-const BIAS_PRIOR: f64 = 1.0;
-
 #[derive(Default, Clone, Copy)]
 pub(super) struct Level {
     pub(super) dec: Ewma,
@@ -81,8 +34,6 @@ pub(super) struct Level {
     pub(super) ver: [Ewma; K_TRACKED + 1],
     pub(super) dec_probe: Option<Instant>,
     pub(super) ver_probe: Option<Instant>,
-    /// Round time realised vs predicted.
-    pub(super) time_bias: Bias,
 }
 
 impl Level {
@@ -190,12 +141,11 @@ pub fn expected_tokens(p: &[f64], k: usize) -> f64 {
 }
 
 /// The best round: its K, expected tokens net of the others' loss (in tokens of plain
-/// decoding), and its time corrected by the model's bias (`raw_time` uncorrected).
+/// decoding), and its time.
 pub(super) struct Best {
     pub(super) k: usize,
     pub(super) tokens: f64,
     pub(super) time: f64,
-    pub(super) raw_time: f64,
 }
 
 impl Best {
@@ -216,25 +166,19 @@ impl Costs {
         lo: usize,
         others: usize,
         spec: usize,
-        time_fix: f64,
     ) -> Option<Best> {
         (lo..=p.len())
             .filter_map(|k| {
                 let ver = self.ver.get(k).copied().flatten()?;
-                let raw_time = t_draft + ver;
-                let loss = match self.dec {
+                let time = t_draft + ver;
+                let tokens = match self.dec {
                     Some(dec) if dec > 0.0 => {
-                        others as f64 * (time_fix * ver - dec).max(0.0) / spec.max(1) as f64 / dec
+                        let loss = others as f64 * (ver - dec).max(0.0) / spec.max(1) as f64;
+                        expected_tokens(p, k) - loss / dec
                     }
-                    _ => 0.0,
+                    _ => expected_tokens(p, k),
                 };
-                let time = time_fix * raw_time;
-                (time > 0.0).then_some(Best {
-                    k,
-                    tokens: expected_tokens(p, k) - loss,
-                    time,
-                    raw_time,
-                })
+                (time > 0.0).then_some(Best { k, tokens, time })
             })
             .max_by(|a, b| (a.tokens / a.time).total_cmp(&(b.tokens / b.time)))
     }

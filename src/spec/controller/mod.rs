@@ -44,17 +44,7 @@
 //!   upstream's running requests (from its `/metrics`) beyond what this server can have
 //!   had there when they were read — clients that bypass specd.
 //!
-//! # Closing the loop
-//! T_ver is measured from verify calls alone, but a round also spends time outside them
-//! (emitting to a slow client, drafting that overlap did not hide, a verify pass
-//! scheduled next to other requests), and the rounds that run are the ones whose cost
-//! estimates looked best, so their noise turns into optimism. So every round the
-//! controller chose is timed against its prediction T(k), per level of speculating
-//! streams; the ratio of the recent totals multiplies later T(k). It fades back to 1 over
-//! the probe interval when no round confirms it, so a relaying stream retries now and
-//! then. (Acceptance needs no such ratio: its calibration learns from the outcomes of
-//! exactly the rounds that ran.) Until T_dec is known at all, streams relay: plain
-//! decoding is never a loss.
+//! Until T_dec is known at all, streams relay: plain decoding is never a loss.
 //!
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
 //! the probe interval, one speculating stream relays a few tokens to re-measure it; when
@@ -93,8 +83,6 @@ const RESIDUAL_JUMP: f64 = 0.3;
 /// Rounds a state (speculation paying or not) is expected to last, when weighing a switch
 /// against the cost of restarting a relay; fewer when the generation ends sooner.
 const SWITCH_HORIZON: f64 = 4.0;
-/// Bounds of the round-time correction (see `estimates::Bias`).
-const TIME_FIX: (f64, f64) = (0.8, 5.0);
 
 fn horizon(remaining: usize, tokens_per_round: f64) -> f64 {
     (remaining as f64 / tokens_per_round.max(1.0)).clamp(1.0, SWITCH_HORIZON)
@@ -134,15 +122,6 @@ pub struct StreamCtl {
     /// False for seeded sampled requests (see the module comment).
     pub may_relay: bool,
     rng: fastrand::Rng,
-    /// What the model predicted for the round about to run (for `record_round`).
-    planned: Option<Planned>,
-}
-
-/// A round's uncorrected time prediction and level, kept until its outcome is known.
-#[derive(Debug, Clone, Copy)]
-struct Planned {
-    level: usize,
-    time: f64,
 }
 
 impl StreamCtl {
@@ -152,7 +131,6 @@ impl StreamCtl {
             residual_fast: 0.0,
             may_relay,
             rng: fastrand::Rng::with_seed(seed),
-            planned: None,
         }
     }
 }
@@ -432,38 +410,6 @@ impl Controller {
         }
     }
 
-    /// How much longer (or shorter) than predicted the chosen rounds at this level of
-    /// speculating streams took lately.
-    fn time_fix(&self, spec: usize) -> f64 {
-        let fade = self.cfg.probe_interval;
-        self.with_level(spec, |l| l.time_bias.ratio(fade, TIME_FIX.0, TIME_FIX.1))
-            .unwrap_or(1.0)
-    }
-
-    fn plan(s: &mut StreamCtl, spec: usize, b: &estimates::Best) {
-        s.planned = Some(Planned {
-            level: level_of(spec),
-            time: b.raw_time,
-        });
-    }
-
-    /// The outcome of a verify round the controller chose: its wall time, from the round's
-    /// start to its tokens' hand-off, against the time predicted when it was chosen.
-    pub fn record_round(&self, s: &mut StreamCtl, wall: Duration) {
-        let Some(p) = s.planned.take() else {
-            return;
-        };
-        let fade = self.cfg.probe_interval;
-        let fix = self.levels.lock().ok().map(|mut g| {
-            let b = &mut g[p.level].time_bias;
-            b.add(wall.as_secs_f64(), p.time);
-            b.ratio(fade, TIME_FIX.0, TIME_FIX.1)
-        });
-        if let (Some(m), Some(v)) = (&self.metrics, fix) {
-            m.round_time_correction.set(v);
-        }
-    }
-
     /// Speculating: what this round does with `proposal` (already cut to the round's cap).
     pub fn plan_round(
         &self,
@@ -484,9 +430,7 @@ impl Controller {
         let c = self.costs(load, spec, kp);
         let t_draft = self.draft_cost(drafter);
         let lo = usize::from(s.may_relay);
-        let fix = self.time_fix(spec);
-        s.planned = None;
-        match (c.dec, c.best(&p, t_draft, lo, others, spec, fix)) {
+        match (c.dec, c.best(&p, t_draft, lo, others, spec)) {
             // Never measured a verify round: measure one if there is anything to verify.
             (_, None) if kp > 0 => Decision::Speculate(kp),
             (_, None) if !s.may_relay => Decision::Speculate(0),
@@ -524,16 +468,12 @@ impl Controller {
                 } else {
                     Decision::Speculate(b.k)
                 };
-                if d == Decision::Speculate(b.k) {
-                    Self::plan(s, spec, &b);
-                }
                 tracing::debug!(
                     ?d,
                     k = b.k,
                     tokens = b.tokens,
                     round_ms = b.time * 1e3,
                     dec_ms = dec * 1e3,
-                    time_fix = fix,
                     restart_ms = c.restart.map(|r| r * 1e3),
                     residual = s.residual,
                     ?p,
@@ -564,9 +504,7 @@ impl Controller {
         let p = self.acceptance(s, drafter, &proposal.confidence);
         let c = self.costs(load, spec, kp);
         let t_draft = self.draft_cost(drafter);
-        let fix = self.time_fix(spec);
-        s.planned = None;
-        let Some(b) = c.best(&p, t_draft, 1, others, spec, fix) else {
+        let Some(b) = c.best(&p, t_draft, 1, others, spec) else {
             // Verify cost never measured: measure it (one stream per interval).
             return self.claim_probe(spec, true).then_some(kp);
         };
@@ -583,7 +521,6 @@ impl Controller {
             round_ms = b.time * 1e3,
             dec_ms = dec * 1e3,
             switch_ms = switch_cost * 1e3,
-            time_fix = fix,
             residual = s.residual,
             ?p,
             load,
@@ -591,16 +528,11 @@ impl Controller {
             "plan resume"
         );
         if gain > 0.0 && gain * rounds > switch_cost {
-            Self::plan(s, spec, &b);
             return Some(b.k);
         }
         // A stale verify cost may hide a chance: re-measure when an optimistic guess pays.
         let optimistic = b.tokens * dec > t_draft + 0.7 * (b.time - t_draft);
-        let probe = c.ver_stale && optimistic && self.claim_probe(spec, true);
-        if probe {
-            Self::plan(s, spec, &b);
-        }
-        probe.then_some(b.k)
+        (c.ver_stale && optimistic && self.claim_probe(spec, true)).then_some(b.k)
     }
 
     /// Relaying: draft for shadow checks every this many tokens (slow drafters less often).
