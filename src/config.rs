@@ -115,6 +115,13 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_CONTROLLER_EXPLORE", default_value_t = 0.05)]
     pub controller_explore: f64,
 
+    /// Controller: while recent `auto` requests got (almost) no tokens from speculation,
+    /// only one in this many new `auto` requests runs through specd's loop (relaying and
+    /// watching for a chance to speculate); the others pass through untouched, so that
+    /// specd costs nothing where speculation does not pay. 1 watches every request.
+    #[arg(long, env = "SPECD_CONTROLLER_WATCH_EVERY", default_value_t = 8)]
+    pub controller_watch_every: usize,
+
     /// tokenizer.json (or a directory holding it) of the upstream's model. Default: the
     /// model directory the upstream reports, when it is readable here.
     #[arg(long, env = "SPECD_TOKENIZER")]

@@ -47,6 +47,7 @@ pub struct Metrics {
     pub mode_seconds: prometheus::CounterVec,
     pub mode_switches: IntCounterVec,
     pub draft_overlap: IntCounterVec,
+    pub auto_speculated_share: prometheus::Gauge,
     names: Vec<String>,
 }
 
@@ -101,6 +102,7 @@ impl Metrics {
             mode_seconds: reg!(r, names, prometheus::CounterVec::new(Opts::new("specd_mode_seconds_total", "Stream time spent per mode"), &["mode"])),
             mode_switches: reg!(r, names, IntCounterVec::new(Opts::new("specd_mode_switches_total", "Switches between relay and speculation"), &["from", "to"])),
             draft_overlap: reg!(r, names, IntCounterVec::new(Opts::new("specd_draft_overlap_total", "Drafts prepared during a verify call, used or discarded"), &["outcome"])),
+            auto_speculated_share: reg!(r, names, prometheus::Gauge::new("specd_controller_auto_speculated_share", "Share of tokens of recent watched auto requests that came from verify rounds (below 0.02, most auto requests pass through)")),
             registry: r,
             names: std::mem::take(names),
         };
@@ -134,6 +136,7 @@ impl Metrics {
         ] {
             self.rejected.with_label_values(&[r]);
         }
+        self.passthrough.with_label_values(&["not_paying"]);
         for o in ["hit", "miss"] {
             self.draft_overlap.with_label_values(&[o]);
         }

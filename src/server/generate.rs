@@ -94,6 +94,10 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
     if mode == SpecMode::Off {
         return respond::with_permit(pass(gen.body, "disabled").await, permit);
     }
+    // Where speculation has not been paying, most `auto` requests skip specd's loop.
+    if mode == SpecMode::Auto && !st.controller.watch_auto() {
+        return respond::with_permit(pass(gen.body, "not_paying").await, permit);
+    }
     let Some(backend) = st.backend() else {
         return respond::with_permit(pass(gen.body, "upstream_not_ready").await, permit);
     };

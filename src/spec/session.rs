@@ -206,6 +206,10 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
         .proxy_overhead
         .with_label_values(&["request"])
         .observe(overhead.as_secs_f64());
+    if p.mode == SpecMode::Auto && p.switch_every.is_none() {
+        d.controller
+            .record_auto(gen.generated - l.stats.relay_tokens, gen.generated);
+    }
     match result {
         Ok(finish) => {
             let (text, tokens) = gen.take();

@@ -59,6 +59,7 @@ use std::time::{Duration, Instant};
 mod estimates;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 pub use estimates::expected_tokens;
 use estimates::{drafter_index, level_of, Costs, DrafterStats, Level};
@@ -103,6 +104,9 @@ pub enum Decision {
 pub struct ControllerConfig {
     pub probe_interval: Duration,
     pub explore: f64,
+    /// While recent `auto` requests barely speculated, watch one in this many (the rest
+    /// pass through untouched); 1 watches every request.
+    pub watch_every: usize,
 }
 
 impl Default for ControllerConfig {
@@ -110,6 +114,7 @@ impl Default for ControllerConfig {
         ControllerConfig {
             probe_interval: Duration::from_secs(10),
             explore: 0.05,
+            watch_every: 8,
         }
     }
 }
@@ -162,6 +167,7 @@ pub struct Controller {
     peak: Mutex<(usize, usize, Instant)>,
     running: Option<RunningSource>,
     metrics: Option<Arc<Metrics>>,
+    watch: watch::Watch,
 }
 
 impl Default for Controller {
@@ -173,6 +179,7 @@ impl Default for Controller {
 impl Controller {
     pub fn new(cfg: ControllerConfig, metrics: Option<Arc<Metrics>>) -> Self {
         Controller {
+            watch: watch::Watch::new(cfg.watch_every.max(1), cfg.probe_interval),
             cfg,
             levels: Mutex::new([Level::default(); LEVELS]),
             drafters: Mutex::new([DrafterStats::default(); DRAFTERS]),
@@ -190,15 +197,41 @@ impl Controller {
         Active(self.clone())
     }
 
+    /// Streams of this server at the upstream: sessions and passthrough requests.
     pub fn load(&self) -> usize {
-        self.active.load(Ordering::Relaxed)
+        self.active.load(Ordering::Relaxed) + self.passing()
+    }
+
+    /// Passthrough requests in flight.
+    fn passing(&self) -> usize {
+        self.metrics.as_ref().map_or(0, |m| {
+            m.active_streams
+                .with_label_values(&["passthrough"])
+                .get()
+                .max(0) as usize
+        })
     }
 
     /// Streams in speculation right now (at least 1: the caller).
     pub fn speculating(&self) -> usize {
-        self.load()
+        self.active
+            .load(Ordering::Relaxed)
             .saturating_sub(self.relaying.load(Ordering::Relaxed))
             .max(1)
+    }
+
+    /// Should this `auto` request run the session loop (see `watch.rs`)? False when recent
+    /// ones barely speculated; it is then passed through untouched.
+    pub fn watch_auto(&self) -> bool {
+        self.watch.admit()
+    }
+
+    /// A watched `auto` request ended: `speculated` of its `total` tokens came from rounds.
+    pub fn record_auto(&self, speculated: u32, total: u32) {
+        self.watch.record(speculated, total);
+        if let (Some(m), Some(share)) = (&self.metrics, self.watch.share()) {
+            m.auto_speculated_share.set(share);
+        }
     }
 
     fn with_level<R>(&self, load: usize, f: impl FnOnce(&mut Level) -> R) -> Option<R> {
@@ -298,12 +331,7 @@ impl Controller {
     /// the caller when it relays) and passthrough requests.
     fn others_decoding(&self, self_relaying: bool) -> usize {
         let relaying = self.relaying.load(Ordering::Relaxed);
-        let pass = self.metrics.as_ref().map_or(0, |m| {
-            m.active_streams
-                .with_label_values(&["passthrough"])
-                .get()
-                .max(0) as usize
-        });
+        let pass = self.passing();
         // Clients of the upstream that do not go through this server: what it reports
         // running beyond the most this server can have had there when it was read.
         let external = self

@@ -5,6 +5,7 @@ fn ctl() -> Arc<Controller> {
         ControllerConfig {
             probe_interval: Duration::from_secs(3600),
             explore: 0.0,
+            watch_every: 1,
         },
         None,
     ))
@@ -259,6 +260,7 @@ fn clients_that_bypass_specd_count_as_decoding_streams() {
             ControllerConfig {
                 probe_interval: Duration::from_secs(3600),
                 explore: 0.0,
+                watch_every: 1,
             },
             None,
         )
