@@ -48,6 +48,7 @@ pub struct Metrics {
     pub mode_switches: IntCounterVec,
     pub draft_overlap: IntCounterVec,
     pub auto_speculated_share: prometheus::Gauge,
+    pub realized_speedup: prometheus::Gauge,
     names: Vec<String>,
 }
 
@@ -103,6 +104,7 @@ impl Metrics {
             mode_switches: reg!(r, names, IntCounterVec::new(Opts::new("specd_mode_switches_total", "Switches between relay and speculation"), &["from", "to"])),
             draft_overlap: reg!(r, names, IntCounterVec::new(Opts::new("specd_draft_overlap_total", "Drafts prepared during a verify call, used or discarded"), &["outcome"])),
             auto_speculated_share: reg!(r, names, prometheus::Gauge::new("specd_controller_auto_speculated_share", "Share of tokens of recent watched auto requests that came from verify rounds (below 0.02, most auto requests pass through)")),
+            realized_speedup: reg!(r, names, prometheus::Gauge::new("specd_controller_realized_speedup", "Tokens per second while speculating over tokens per second while relaying, in recent watched auto requests (below 1, most auto requests pass through)")),
             registry: r,
             names: std::mem::take(names),
         };

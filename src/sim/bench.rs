@@ -50,6 +50,11 @@ pub struct BenchArgs {
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Add a mode `watched`: `auto` on a specd that runs every request through its loop
+    /// (`--controller-watch-every 1`), to compare with `auto`'s passthrough of requests
+    /// where speculation is not paying.
+    #[arg(long)]
+    pub with_watched: bool,
     #[command(flatten)]
     pub cost: SimConfig,
 }
@@ -112,22 +117,35 @@ fn text_scenarios() -> Vec<Scenario> {
 struct Mode {
     label: String,
     spec: Value,
+    /// Extra flags of this mode's specd.
+    args: Vec<String>,
 }
 
 fn modes(a: &BenchArgs, drafter: &str) -> Vec<Mode> {
     let mut v = vec![Mode {
         label: "plain".into(),
         spec: json!("off"),
+        args: vec![],
     }];
     for &k in &a.static_k {
         v.push(Mode {
             label: format!("K={k}"),
             spec: json!({"mode": "on", "max_draft_tokens": k, "drafter": drafter}),
+            args: vec![],
+        });
+    }
+    let auto = json!({"mode": "auto", "max_draft_tokens": a.auto_k, "drafter": drafter});
+    if a.with_watched {
+        v.push(Mode {
+            label: "watched".into(),
+            spec: auto.clone(),
+            args: vec!["--controller-watch-every".into(), "1".into()],
         });
     }
     v.push(Mode {
         label: "auto".into(),
-        spec: json!({"mode": "auto", "max_draft_tokens": a.auto_k, "drafter": drafter}),
+        spec: auto,
+        args: vec![],
     });
     v
 }
@@ -266,7 +284,27 @@ struct Sample {
     rounds: u64,
     accepted: u64,
     relay_tokens: u64,
+    /// Tokens of `auto` requests that specd passed through untouched.
+    passed_tokens: u64,
     tokens: u64,
+    /// CPU time of the mode's specd process during its trials.
+    cpu_s: f64,
+}
+
+/// CPU seconds used so far by all threads of a process (Linux: per-thread schedstat, in
+/// nanoseconds; threads that exited are not counted, tokio's workers live as long as specd).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let s = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        ns += s
+            .split_whitespace()
+            .next()
+            .and_then(|x| x.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(ns as f64 * 1e-9)
 }
 
 async fn trial(
@@ -317,6 +355,9 @@ async fn trial(
         s.rounds += sp("rounds");
         s.accepted += sp("accepted_tokens");
         s.relay_tokens += sp("relay_tokens");
+        if mode.spec["mode"] == "auto" && v.pointer("/usage/speculation").is_none() {
+            s.passed_tokens += n;
+        }
     }
     Ok(())
 }
@@ -386,8 +427,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             extra.extend(["--tokenizer".into(), tokenizer.display().to_string()]);
         }
         let mut procs = Vec::new();
-        for _ in &modes {
-            procs.push(start_specd(&bin, &upstream, &extra)?);
+        for m in &modes {
+            let args: Vec<String> = extra.iter().chain(&m.args).cloned().collect();
+            procs.push(start_specd(&bin, &upstream, &args)?);
         }
         for p in &procs {
             wait_ready(&c, &p.url).await?;
@@ -401,7 +443,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 for j in 0..modes.len() {
                     let m = (j + r) % modes.len();
                     let mut s = Sample::default();
+                    let pid = procs[m].child.id();
+                    let cpu0 = cpu_seconds(pid);
                     trial(&c, &procs[m].url, &bodies, &modes[m], &mut s).await?;
+                    if let (Some(a), Some(b)) = (cpu0, cpu_seconds(pid)) {
+                        s.cpu_s = b - a;
+                    }
                     eprintln!(
                         "   streams={conc} repeat={r} {:>6}: {:7.1} tok/s per stream{}",
                         modes[m].label,
@@ -414,7 +461,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                         t.rounds += s.rounds;
                         t.accepted += s.accepted;
                         t.relay_tokens += s.relay_tokens;
+                        t.passed_tokens += s.passed_tokens;
                         t.tokens += s.tokens;
+                        t.cpu_s += s.cpu_s;
                     }
                 }
             }
@@ -435,16 +484,19 @@ fn print_table(modes: &[Mode], rows: &[(&str, usize, Vec<Sample>)]) {
     for m in modes {
         head.push_str(&format!(" {:>7} |", m.label));
     }
-    head.push_str(" auto/best | auto/plain | tok/round K=4 | auto relay % |");
+    head.push_str(" auto/best | auto/plain | tok/round K=4 | auto relay % | auto passed % |");
     println!("\ntokens/s per stream (mean over streams and repeats)\n");
     println!("{head}");
-    println!("|{}", "---|".repeat(modes.len() + 6));
+    println!("|{}", "---|".repeat(modes.len() + 7));
     for (name, conc, s) in rows {
         let tps: Vec<f64> = s.iter().map(|x| mean(&x.tps)).collect();
         let auto = tps.last().copied().unwrap_or(0.0);
-        let best = tps[..tps.len().saturating_sub(1)]
+        // The best of plain decoding and the static K.
+        let best = modes
             .iter()
-            .cloned()
+            .zip(&tps)
+            .filter(|(m, _)| m.label == "plain" || m.label.starts_with("K="))
+            .map(|(_, t)| *t)
             .fold(0.0, f64::max);
         let plain = tps.first().copied().unwrap_or(0.0);
         let mut line = format!("| {name:<11} | {conc:>7} |");
@@ -457,11 +509,26 @@ fn print_table(modes: &[Mode], rows: &[(&str, usize, Vec<Sample>)]) {
         });
         let a = s.last().cloned().unwrap_or_default();
         let relay = 100.0 * a.relay_tokens as f64 / a.tokens.max(1) as f64;
+        let passed = 100.0 * a.passed_tokens as f64 / a.tokens.max(1) as f64;
         line.push_str(&format!(
-            " {:>9.2} | {:>10.2} | {per_round:>13.2} | {relay:>12.0} |",
+            " {:>9.2} | {:>10.2} | {per_round:>13.2} | {relay:>12.0} | {passed:>13.0} |",
             auto / best.max(1e-9),
             auto / plain.max(1e-9)
         ));
+        println!("{line}");
+    }
+    let mut head = format!("| {:<11} | {:>7} |", "scenario", "streams");
+    for m in modes {
+        head.push_str(&format!(" {:>7} |", m.label));
+    }
+    println!("\nspecd CPU time per token, µs (all threads of each mode's specd)\n");
+    println!("{head}");
+    println!("|{}", "---|".repeat(modes.len() + 2));
+    for (name, conc, s) in rows {
+        let mut line = format!("| {name:<11} | {conc:>7} |");
+        for x in s {
+            line.push_str(&format!(" {:>7.1} |", 1e6 * x.cpu_s / x.tokens.max(1) as f64));
+        }
         println!("{line}");
     }
 }

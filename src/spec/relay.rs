@@ -152,11 +152,13 @@ impl Loop<'_> {
             probe = plan.probe,
             "relay segment"
         );
+        let spent = start.elapsed().as_secs_f64();
+        self.stats.relay_seconds += spent;
         self.d
             .metrics
             .mode_seconds
             .with_label_values(&["relay"])
-            .inc_by(start.elapsed().as_secs_f64());
+            .inc_by(spent);
         result
     }
 }

@@ -53,6 +53,11 @@ pub struct Stats {
     pub switches: u32,
     pub drafter: &'static str,
     pub mode: &'static str,
+    /// Stream time in verify rounds and in relay segments.
+    #[serde(skip)]
+    pub speculate_seconds: f64,
+    #[serde(skip)]
+    pub relay_seconds: f64,
 }
 
 pub struct SessionParams {
@@ -207,8 +212,12 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
         .with_label_values(&["request"])
         .observe(overhead.as_secs_f64());
     if p.mode == SpecMode::Auto && p.switch_every.is_none() {
-        d.controller
-            .record_auto(gen.generated - l.stats.relay_tokens, gen.generated);
+        d.controller.record_auto(super::controller::Watched {
+            speculated: gen.generated - l.stats.relay_tokens,
+            speculate_seconds: l.stats.speculate_seconds,
+            relayed: l.stats.relay_tokens,
+            relay_seconds: l.stats.relay_seconds,
+        });
     }
     match result {
         Ok(finish) => {
@@ -434,11 +443,13 @@ impl Loop<'_> {
             .proxy_overhead
             .with_label_values(&["round"])
             .observe(overhead.as_secs_f64());
+        let spent = round_start.elapsed().as_secs_f64();
+        self.stats.speculate_seconds += spent;
         self.d
             .metrics
             .mode_seconds
             .with_label_values(&["speculate"])
-            .inc_by(round_start.elapsed().as_secs_f64());
+            .inc_by(spent);
         Ok(match finish {
             Some(f) => Round::Done(f),
             None => Round::Next(next),

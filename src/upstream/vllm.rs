@@ -315,33 +315,31 @@ impl VllmBackend {
     }
 }
 
-/// A stream fed by a producer task through a bounded channel. Dropping the stream drops
-/// the receiver; the producer then stops at its next send, dropping the upstream body.
+/// A stream fed by a producer future through a bounded channel. The producer runs inside
+/// the consumer's task, polled whenever the stream is (no task of its own: a relayed token
+/// then costs no extra wake-up and thread hand-off). Dropping the stream drops the
+/// producer, and with it the upstream body.
 pub fn async_stream_samples<F, Fut>(producer: F) -> SampleStream
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Result<Sample, ApiError>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let fut = producer(tx.clone());
-    let task = tokio::spawn(async move {
-        tokio::select! {
-            _ = fut => {}
-            _ = tx.closed() => {}
+    let fut = Some(Box::pin(producer(tx)));
+    futures_util::stream::unfold((rx, fut), |(mut rx, mut fut)| async move {
+        loop {
+            let Some(f) = fut.as_mut() else {
+                // The producer finished: what it sent is still queued.
+                return rx.recv().await.map(|item| (item, (rx, None)));
+            };
+            tokio::select! {
+                biased;
+                item = rx.recv() => return item.map(|item| (item, (rx, fut))),
+                _ = f => fut = None,
+            }
         }
-    });
-    let guard = AbortOnDrop(task);
-    futures_util::stream::unfold((rx, guard), |(mut rx, g)| async move {
-        rx.recv().await.map(|item| (item, (rx, g)))
     })
     .boxed()
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 impl Backend for VllmBackend {

@@ -61,6 +61,8 @@ mod estimates;
 mod tests;
 mod watch;
 
+pub use watch::Watched;
+
 pub use estimates::expected_tokens;
 use estimates::{drafter_index, level_of, Costs, DrafterStats, Level};
 
@@ -226,11 +228,17 @@ impl Controller {
         self.watch.admit()
     }
 
-    /// A watched `auto` request ended: `speculated` of its `total` tokens came from rounds.
-    pub fn record_auto(&self, speculated: u32, total: u32) {
-        self.watch.record(speculated, total);
-        if let (Some(m), Some(share)) = (&self.metrics, self.watch.share()) {
-            m.auto_speculated_share.set(share);
+    /// A watched `auto` request ended.
+    pub fn record_auto(&self, w: Watched) {
+        self.watch.record(w);
+        if let Some(m) = &self.metrics {
+            let (share, realized) = self.watch.summary();
+            if let Some(s) = share {
+                m.auto_speculated_share.set(s);
+            }
+            if let Some(r) = realized {
+                m.realized_speedup.set(r);
+            }
         }
     }
 
