@@ -10,7 +10,9 @@
 #         (scripts/vllm-cpu-upstream.sh; reused when already running).
 # suffix  time per proposal and memory of the suffix drafter.
 #
-# Extra arguments after the suite go to `specd-sim bench` (e.g. --repeats 5 --tokens 256).
+# Extra arguments after the suite go to `specd-sim bench` (e.g. --static-k 4 --with-watched;
+# for `vllm`, tokens per stream and repeats come from SPECD_BENCH_TOKENS (256) and
+# SPECD_BENCH_REPEATS (6)).
 # Results are printed as markdown tables; JSON copies go to $SPECD_BENCH_OUT
 # (default: target/bench-results).
 set -euo pipefail
@@ -31,7 +33,8 @@ run_vllm() {
     local up
     up=$(bash scripts/vllm-cpu-upstream.sh start | tail -n 1 | sed 's/^UPSTREAM=//')
     "$bin/specd-sim" bench --upstream "$up" --drafter "${SPECD_BENCH_DRAFTER:-suffix}" \
-        --tokens 64 --repeats 2 --json "$out/vllm.json" "$@"
+        --tokens "${SPECD_BENCH_TOKENS:-256}" --repeats "${SPECD_BENCH_REPEATS:-6}" \
+        --json "$out/vllm.json" "$@"
 }
 
 run_suffix() {

@@ -104,7 +104,7 @@ impl Metrics {
             mode_switches: reg!(r, names, IntCounterVec::new(Opts::new("specd_mode_switches_total", "Switches between relay and speculation"), &["from", "to"])),
             draft_overlap: reg!(r, names, IntCounterVec::new(Opts::new("specd_draft_overlap_total", "Drafts prepared during a verify call, used or discarded"), &["outcome"])),
             auto_speculated_share: reg!(r, names, prometheus::Gauge::new("specd_controller_auto_speculated_share", "Share of tokens of recent watched auto requests that came from verify rounds (below 0.02, most auto requests pass through)")),
-            realized_speedup: reg!(r, names, prometheus::Gauge::new("specd_controller_realized_speedup", "Tokens per second while speculating over tokens per second while relaying, in recent watched auto requests (below 1, most auto requests pass through)")),
+            realized_speedup: reg!(r, names, prometheus::Gauge::new("specd_controller_realized_speedup", "How much faster recent watched auto requests that speculated were than plain decoding of them would have been, by the decode cost measured from relays (below 1, most auto requests pass through)")),
             registry: r,
             names: std::mem::take(names),
         };

@@ -94,8 +94,15 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
     if mode == SpecMode::Off {
         return respond::with_permit(pass(gen.body, "disabled").await, permit);
     }
-    // Where speculation has not been paying, most `auto` requests skip specd's loop.
-    if mode == SpecMode::Auto && !st.controller.watch_auto() {
+    // Where speculation has not been paying, most `auto` requests skip specd's loop. Not
+    // seeded sampled ones: specd seeds each position, so their output must not depend on
+    // which path a request took.
+    let passable = gen.sampling.seed.is_none() || gen.sampling.is_greedy();
+    if mode == SpecMode::Auto
+        && passable
+        && gen.spec.switch_every.is_none()
+        && !st.controller.watch_auto()
+    {
         return respond::with_permit(pass(gen.body, "not_paying").await, permit);
     }
     let Some(backend) = st.backend() else {

@@ -527,7 +527,10 @@ fn print_table(modes: &[Mode], rows: &[(&str, usize, Vec<Sample>)]) {
     for (name, conc, s) in rows {
         let mut line = format!("| {name:<11} | {conc:>7} |");
         for x in s {
-            line.push_str(&format!(" {:>7.1} |", 1e6 * x.cpu_s / x.tokens.max(1) as f64));
+            line.push_str(&format!(
+                " {:>7.1} |",
+                1e6 * x.cpu_s / x.tokens.max(1) as f64
+            ));
         }
         println!("{line}");
     }

@@ -153,7 +153,6 @@ impl Loop<'_> {
             "relay segment"
         );
         let spent = start.elapsed().as_secs_f64();
-        self.stats.relay_seconds += spent;
         self.d
             .metrics
             .mode_seconds

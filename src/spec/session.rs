@@ -53,11 +53,6 @@ pub struct Stats {
     pub switches: u32,
     pub drafter: &'static str,
     pub mode: &'static str,
-    /// Stream time in verify rounds and in relay segments.
-    #[serde(skip)]
-    pub speculate_seconds: f64,
-    #[serde(skip)]
-    pub relay_seconds: f64,
 }
 
 pub struct SessionParams {
@@ -213,10 +208,10 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
         .observe(overhead.as_secs_f64());
     if p.mode == SpecMode::Auto && p.switch_every.is_none() {
         d.controller.record_auto(super::controller::Watched {
+            tokens: gen.generated,
             speculated: gen.generated - l.stats.relay_tokens,
-            speculate_seconds: l.stats.speculate_seconds,
-            relayed: l.stats.relay_tokens,
-            relay_seconds: l.stats.relay_seconds,
+            seconds: started.elapsed().as_secs_f64(),
+            plain_seconds: d.controller.plain_seconds(gen.generated),
         });
     }
     match result {
@@ -444,7 +439,6 @@ impl Loop<'_> {
             .with_label_values(&["round"])
             .observe(overhead.as_secs_f64());
         let spent = round_start.elapsed().as_secs_f64();
-        self.stats.speculate_seconds += spent;
         self.d
             .metrics
             .mode_seconds

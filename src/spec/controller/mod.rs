@@ -46,6 +46,12 @@
 //!
 //! Until T_dec is known at all, streams relay: plain decoding is never a loss.
 //!
+//! # Which requests run the loop at all
+//! Estimates can be wrong, and relaying costs specd work per token. `watch.rs` judges by
+//! outcome: while recent `auto` requests barely speculated, or those that did took longer
+//! than plain decoding would have, most new `auto` requests pass through untouched (one in `watch_every`,
+//! and one per probe interval, is still watched).
+//!
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
 //! the probe interval, one speculating stream relays a few tokens to re-measure it; when
 //! its verify cost is stale, one relaying stream runs a verify round if an optimistic
@@ -226,6 +232,14 @@ impl Controller {
     /// ones barely speculated; it is then passed through untouched.
     pub fn watch_auto(&self) -> bool {
         self.watch.admit()
+    }
+
+    /// Seconds plain decoding of `tokens` tokens takes at the current load, by the
+    /// measurements from relays: first-token latency, then a decode step per token.
+    pub fn plain_seconds(&self, tokens: u32) -> Option<f64> {
+        let c = self.costs(self.load(), 1, 0);
+        let dec = c.dec?;
+        Some(c.restart.unwrap_or(dec) + f64::from(tokens.saturating_sub(1)) * dec)
     }
 
     /// A watched `auto` request ended.

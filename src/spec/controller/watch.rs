@@ -8,8 +8,9 @@
 //!
 //! The second test looks at outcomes, not estimates: the controller speculates when its
 //! estimates say a round pays, and estimates can be wrong (costs measured under other
-//! load, a drafter whose confidence runs ahead of its acceptance). Tokens per second while
-//! speculating against tokens per second while relaying, in the same streams, catch that.
+//! load, a drafter whose confidence runs ahead of its acceptance). The requests that did
+//! speculate are timed against what plain decoding of them would have taken (first-token
+//! latency plus a decode step per token, both measured from relays), switches included.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,18 +23,20 @@ const WINDOW: usize = 32;
 const MIN_TOKENS: u64 = 512;
 /// Below this share of speculated tokens, speculation is not paying for the watching.
 const IDLE_SHARE: f64 = 0.02;
-/// Tokens each mode needs in the window before their speeds are compared.
-const MIN_MODE_TOKENS: u64 = 64;
+/// Tokens of requests that speculated the window needs before judging their speed.
+const MIN_SPEC_TOKENS: u64 = 64;
 
 /// What a watched `auto` request did.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Watched {
-    /// Tokens from verify rounds, and the time spent in rounds.
+    pub tokens: u32,
+    /// Tokens that came from verify rounds.
     pub speculated: u32,
-    pub speculate_seconds: f64,
-    /// Tokens from relay segments, and the time spent relaying (restarts included).
-    pub relayed: u32,
-    pub relay_seconds: f64,
+    /// How long the request took, and how long plain decoding would have taken by the
+    /// controller's measurements of it (first-token latency plus a decode step per further
+    /// token; `None` while unmeasured).
+    pub seconds: f64,
+    pub plain_seconds: Option<f64>,
 }
 
 #[derive(Default)]
@@ -45,46 +48,51 @@ struct Recent {
 
 #[derive(Default, Clone, Copy)]
 struct Sums {
+    tokens: u64,
     speculated: u64,
-    speculate_seconds: f64,
-    relayed: u64,
-    relay_seconds: f64,
+    /// Over the requests that speculated and have a plain-decoding estimate.
+    spec_tokens: u64,
+    seconds: f64,
+    plain_seconds: f64,
 }
 
 impl Sums {
-    fn add(&mut self, w: &Watched) {
-        self.speculated += u64::from(w.speculated);
-        self.relayed += u64::from(w.relayed);
-        self.speculate_seconds += w.speculate_seconds;
-        self.relay_seconds += w.relay_seconds;
-    }
-
-    fn remove(&mut self, w: &Watched) {
-        self.speculated = self.speculated.saturating_sub(u64::from(w.speculated));
-        self.relayed = self.relayed.saturating_sub(u64::from(w.relayed));
-        self.speculate_seconds = (self.speculate_seconds - w.speculate_seconds).max(0.0);
-        self.relay_seconds = (self.relay_seconds - w.relay_seconds).max(0.0);
-    }
-
-    fn total(&self) -> u64 {
-        self.speculated + self.relayed
+    fn apply(&mut self, w: &Watched, add: bool) {
+        let f = |total: &mut u64, n: u32| {
+            *total = if add {
+                *total + u64::from(n)
+            } else {
+                total.saturating_sub(u64::from(n))
+            }
+        };
+        f(&mut self.tokens, w.tokens);
+        f(&mut self.speculated, w.speculated);
+        if let (true, Some(plain)) = (w.speculated > 0, w.plain_seconds) {
+            f(&mut self.spec_tokens, w.tokens);
+            let g = |total: &mut f64, x: f64| {
+                *total = if add {
+                    *total + x
+                } else {
+                    (*total - x).max(0.0)
+                }
+            };
+            g(&mut self.seconds, w.seconds);
+            g(&mut self.plain_seconds, plain);
+        }
     }
 
     /// Share of tokens from verify rounds, once enough tokens were seen.
     fn share(&self) -> Option<f64> {
-        (self.total() >= MIN_TOKENS).then(|| self.speculated as f64 / self.total() as f64)
+        (self.tokens >= MIN_TOKENS).then(|| self.speculated as f64 / self.tokens as f64)
     }
 
-    /// Tokens/s while speculating over tokens/s while relaying, once both have enough.
+    /// How much faster the requests that speculated were than plain decoding of them.
     fn realized(&self) -> Option<f64> {
-        let enough = self.speculated >= MIN_MODE_TOKENS && self.relayed >= MIN_MODE_TOKENS;
-        (enough && self.speculate_seconds > 0.0 && self.relay_seconds > 0.0).then(|| {
-            (self.speculated as f64 / self.speculate_seconds)
-                / (self.relayed as f64 / self.relay_seconds)
-        })
+        (self.spec_tokens >= MIN_SPEC_TOKENS && self.seconds > 0.0)
+            .then(|| self.plain_seconds / self.seconds)
     }
 
-    /// Watching buys nothing: speculation was (almost) never chosen, or it was slower.
+    /// Watching buys nothing: speculation was (almost) never chosen, or it did not win.
     fn idle(&self) -> bool {
         self.share().is_some_and(|s| s < IDLE_SHARE) || self.realized().is_some_and(|r| r < 1.0)
     }
@@ -131,17 +139,17 @@ impl Watch {
 
     /// A watched request ended.
     pub fn record(&self, w: Watched) {
-        if w.speculated == 0 && w.relayed == 0 {
+        if w.tokens == 0 {
             return;
         }
         let Ok(mut g) = self.recent.lock() else {
             return;
         };
-        g.sum.add(&w);
+        g.sum.apply(&w, true);
         g.window.push_back(w);
         if g.window.len() > WINDOW {
             if let Some(old) = g.window.pop_front() {
-                g.sum.remove(&old);
+                g.sum.apply(&old, false);
             }
         }
     }
@@ -155,13 +163,15 @@ mod tests {
         Duration::from_secs(3600)
     }
 
-    /// `spec` tokens at `spec_rate` tokens/s and `relay` tokens at 100 tokens/s.
-    fn req(spec: u32, spec_rate: f64, relay: u32) -> Watched {
+    /// `tokens` tokens of which `spec` speculated, taking `speed` times as long as plain
+    /// decoding at 10 ms per token.
+    fn req(tokens: u32, spec: u32, speedup: f64) -> Watched {
+        let plain = f64::from(tokens) * 0.01;
         Watched {
+            tokens,
             speculated: spec,
-            speculate_seconds: if spec > 0 { f64::from(spec) / spec_rate } else { 0.0 },
-            relayed: relay,
-            relay_seconds: f64::from(relay) / 100.0,
+            seconds: plain / speedup,
+            plain_seconds: Some(plain),
         }
     }
 
@@ -171,7 +181,7 @@ mod tests {
         for _ in 0..10 {
             assert!(w.admit());
         }
-        w.record(req(0, 1.0, 500));
+        w.record(req(500, 0, 1.0));
         assert!(w.admit(), "500 tokens are not enough to judge");
         assert_eq!(w.summary(), (None, None));
     }
@@ -179,7 +189,7 @@ mod tests {
     #[test]
     fn passes_most_through_while_speculation_is_idle() {
         let w = Watch::new(8, hour());
-        w.record(req(5, 200.0, 995));
+        w.record(req(1000, 5, 1.3));
         let watched = (0..64).filter(|_| w.admit()).count();
         // The first call also claims the probe-interval watch.
         assert!((8..=9).contains(&watched), "{watched}");
@@ -187,9 +197,9 @@ mod tests {
     }
 
     #[test]
-    fn passes_most_through_while_speculation_is_slower_than_relaying() {
+    fn passes_most_through_while_speculation_loses() {
         let w = Watch::new(8, hour());
-        w.record(req(400, 70.0, 600));
+        w.record(req(1000, 400, 0.7));
         let (share, realized) = w.summary();
         assert_eq!(share, Some(0.4));
         assert!((realized.unwrap_or(0.0) - 0.7).abs() < 1e-9);
@@ -197,31 +207,37 @@ mod tests {
     }
 
     #[test]
-    fn watches_everything_while_speculation_is_faster() {
+    fn watches_everything_while_speculation_wins() {
         let w = Watch::new(8, hour());
-        w.record(req(400, 150.0, 600));
+        w.record(req(1000, 400, 1.2));
+        // Requests that did not speculate do not dilute the realized speedup.
+        w.record(req(1000, 0, 1.0));
+        assert!((w.summary().1.unwrap_or(0.0) - 1.2).abs() < 1e-9);
         assert!((0..64).all(|_| w.admit()));
-        // Too few relayed tokens to compare: speculation is given the benefit of the doubt.
+        // No plain-decoding estimate yet: speculation is given the benefit of the doubt.
         let w = Watch::new(8, hour());
-        w.record(req(990, 50.0, 10));
+        w.record(Watched {
+            plain_seconds: None,
+            ..req(1000, 900, 0.5)
+        });
         assert!((0..64).all(|_| w.admit()));
     }
 
     #[test]
     fn watches_everything_again_once_speculation_pays() {
         let w = Watch::new(8, hour());
-        w.record(req(0, 1.0, 1000));
+        w.record(req(1000, 0, 1.0));
         assert!((0..16).filter(|_| w.admit()).count() < 16);
-        w.record(req(200, 300.0, 800));
+        w.record(req(1000, 200, 1.3));
         assert!((0..16).all(|_| w.admit()));
     }
 
     #[test]
     fn old_requests_leave_the_window() {
         let w = Watch::new(8, hour());
-        w.record(req(1000, 300.0, 0));
+        w.record(req(1000, 1000, 0.5));
         for _ in 0..WINDOW {
-            w.record(req(0, 1.0, 100));
+            w.record(req(100, 0, 1.0));
         }
         assert_eq!(w.summary(), (Some(0.0), None));
     }
@@ -229,14 +245,14 @@ mod tests {
     #[test]
     fn one_request_per_interval_is_watched_even_when_idle() {
         let w = Watch::new(1_000_000, Duration::ZERO);
-        w.record(req(0, 1.0, 1000));
+        w.record(req(1000, 0, 1.0));
         assert!((0..16).all(|_| w.admit()));
     }
 
     #[test]
     fn every_one_disables_passthrough() {
         let w = Watch::new(1, hour());
-        w.record(req(0, 1.0, 10_000));
+        w.record(req(10_000, 0, 1.0));
         assert!((0..16).all(|_| w.admit()));
     }
 }
