@@ -23,7 +23,7 @@ const WINDOW: usize = 32;
 const MIN_TOKENS: u64 = 512;
 /// Below this share of speculated tokens, speculation is not paying for the watching.
 const IDLE_SHARE: f64 = 0.02;
-/// Tokens of requests that speculated the window needs before judging their speed.
+/// Speculated tokens the window needs before judging the speed of speculating requests.
 const MIN_SPEC_TOKENS: u64 = 64;
 
 /// What a watched `auto` request did.
@@ -51,7 +51,6 @@ struct Sums {
     tokens: u64,
     speculated: u64,
     /// Over the requests that speculated and have a plain-decoding estimate.
-    spec_tokens: u64,
     seconds: f64,
     plain_seconds: f64,
 }
@@ -68,7 +67,6 @@ impl Sums {
         f(&mut self.tokens, w.tokens);
         f(&mut self.speculated, w.speculated);
         if let (true, Some(plain)) = (w.speculated > 0, w.plain_seconds) {
-            f(&mut self.spec_tokens, w.tokens);
             let g = |total: &mut f64, x: f64| {
                 *total = if add {
                     *total + x
@@ -86,10 +84,11 @@ impl Sums {
         (self.tokens >= MIN_TOKENS).then(|| self.speculated as f64 / self.tokens as f64)
     }
 
-    /// How much faster the requests that speculated were than plain decoding of them.
+    /// How much faster the requests that speculated were than plain decoding of them,
+    /// once the window holds enough tokens and enough of them were speculated.
     fn realized(&self) -> Option<f64> {
-        (self.spec_tokens >= MIN_SPEC_TOKENS && self.seconds > 0.0)
-            .then(|| self.plain_seconds / self.seconds)
+        let enough = self.tokens >= MIN_TOKENS && self.speculated >= MIN_SPEC_TOKENS;
+        (enough && self.seconds > 0.0).then(|| self.plain_seconds / self.seconds)
     }
 
     /// Watching buys nothing: speculation was (almost) never chosen, or it did not win.
