@@ -101,7 +101,10 @@ fn row(s: &Summary) -> Vec<String> {
         num(s.tokens_per_round, 2),
         num(s.metrics_tokens_per_round, 2),
         pct(s.acceptance),
-        pct(s.relay_share),
+        match s.passed_share.filter(|p| *p > 0.0) {
+            Some(p) => format!("{} (+{} passed)", pct(s.relay_share), pct(Some(p))),
+            None => pct(s.relay_share),
+        },
         ms(s.verify_mean_s),
         num(s.break_even_tokens_per_round, 2),
     ]
@@ -245,7 +248,7 @@ pub fn markdown(r: &Report) -> String {
     out.push_str("`\n\nAggregate output tokens/s relative to the baseline; in brackets τ = tokens per verify round (accepted drafts + 1) and the measured break-even τ (verify round time / plain decode step). Speculation pays when τ exceeds the break-even.\n\n");
     let (h, rows) = headline(r);
     out.push_str(&md_table(&h, &rows));
-    out.push_str("\nModes: `direct` = the upstream itself; `off` = through specd, forwarded unchanged; `on:D` = specd speculates every round with drafter D; `auto` = specd's controller decides per round (relaying plain decoding when speculation would not pay). TTFT, TPOT and tokens/s are measured by the client on streamed responses; tokens per round and acceptance come from each response's `usage.speculation` and, independently, from the change of specd's `/metrics` counters over the same batches.\n");
+    out.push_str("\nModes: `direct` = the upstream itself; `off` = through specd, forwarded unchanged; `on:D` = specd speculates every round with drafter D; `auto` = specd's controller decides per round (relaying plain decoding when speculation would not pay; where recent `auto` requests show it not paying, most `auto` requests pass through untouched: \"passed\"). TTFT, TPOT and tokens/s are measured by the client on streamed responses; tokens per round and acceptance come from each response's `usage.speculation` and, independently, from the change of specd's `/metrics` counters over the same batches.\n");
     out.push_str("\n## Workloads\n\n");
     let wh: Vec<String> = [
         "workload",

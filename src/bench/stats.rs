@@ -81,6 +81,9 @@ pub struct Summary {
     pub metrics_acceptance: Option<f64>,
     /// Share of output tokens that came from relayed (plain) decoding.
     pub relay_share: Option<f64>,
+    /// Share of output tokens of requests specd passed through untouched (`auto` where
+    /// speculation was not paying: no `usage.speculation`), when some were speculated.
+    pub passed_share: Option<f64>,
     /// Mean verify round time (from `specd_verify_duration_seconds`).
     pub verify_mean_s: Option<f64>,
     /// Plain decode time per token: median TPOT of the reference mode at this concurrency.
@@ -119,6 +122,14 @@ impl Cell {
                 Some(a)
             },
         );
+        let passed: u64 = ok
+            .iter()
+            .filter(|o| o.speculation.is_none())
+            .map(|o| o.completion_tokens)
+            .sum();
+        let passed = usage
+            .as_ref()
+            .and_then(|_| ratio(passed as f64, output_tokens as f64));
         let (tpr, acc, relay) = match &usage {
             Some(u) => (
                 ratio((u.rounds + u.accepted_tokens) as f64, u.rounds as f64),
@@ -147,6 +158,7 @@ impl Cell {
             metrics_tokens_per_round: c.and_then(SpecCounters::tokens_per_round),
             metrics_acceptance: c.and_then(SpecCounters::acceptance),
             relay_share: relay,
+            passed_share: passed,
             verify_mean_s: c.and_then(SpecCounters::verify_mean_s),
             counters: self.counters.clone(),
             ..Summary::default()

@@ -5,6 +5,10 @@ use std::time::{Duration, Instant};
 
 use super::{K_TRACKED, LEVELS};
 
+/// Learning rates of a low envelope (see `Ewma::add_low`).
+const LOW_FALL: f64 = 0.3;
+const LOW_RISE: f64 = 0.03;
+
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Ewma {
     pub(super) v: f64,
@@ -19,6 +23,20 @@ impl Ewma {
         self.v += a * (x - self.v);
         self.at = Some(Instant::now());
     }
+    /// A low envelope instead of a mean: falls fast to lower samples, rises slowly, so it
+    /// sits near the low end of what was recently measured.
+    pub(super) fn add_low(&mut self, x: f64) {
+        self.n = self.n.saturating_add(1);
+        let a = if self.n == 1 {
+            1.0
+        } else if x < self.v {
+            LOW_FALL
+        } else {
+            LOW_RISE
+        };
+        self.v += a * (x - self.v);
+        self.at = Some(Instant::now());
+    }
     pub(super) fn get(&self) -> Option<f64> {
         (self.n > 0).then_some(self.v)
     }
@@ -30,6 +48,10 @@ impl Ewma {
 #[derive(Default, Clone, Copy)]
 pub(super) struct Level {
     pub(super) dec: Ewma,
+    /// The low envelope of decode samples: plain decoding at its recent best. Decisions
+    /// compare speculation with this, so noise in the machine's speed does not make a
+    /// marginal round look like a win.
+    pub(super) dec_low: Ewma,
     pub(super) restart: Ewma,
     pub(super) ver: [Ewma; K_TRACKED + 1],
     pub(super) dec_probe: Option<Instant>,

@@ -31,7 +31,10 @@
 //!
 //! # The estimates (shared by all streams of the upstream)
 //! - T_dec and the relay restart latency, by the number of active streams, from relay
-//!   segments (gap between tokens; first-token latency).
+//!   segments (gap between tokens; first-token latency). T_dec is a low envelope of the
+//!   gaps (quick to fall, slow to rise): speculation is compared with plain decoding at
+//!   its recent best, so a machine whose speed wanders does not make marginal rounds
+//!   look like wins.
 //! - T_ver(k), by the number of streams speculating at once, from every verify call.
 //!   Missing k are interpolated from measured ones; a missing level borrows the nearest.
 //! - T_draft per drafter (times the share of drafts hidden behind verify calls by overlap).
@@ -289,7 +292,8 @@ impl Controller {
     pub fn record_decode(&self, load: usize, per_token: f64) {
         let v = self.with_level(load, |l| {
             l.dec.add(per_token, COST_ALPHA);
-            l.dec.v
+            l.dec_low.add_low(per_token);
+            l.dec_low.v
         });
         if let (Some(m), Some(v)) = (&self.metrics, v) {
             m.decode_cost.set(v);
@@ -410,7 +414,7 @@ impl Controller {
                 .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
         };
         let (dl, vl) = (level_of(load), level_of(spec));
-        let dec = nearest(dl, &|l: &Level| l.dec.n > 0).map(|i| g[i].dec.v);
+        let dec = nearest(dl, &|l: &Level| l.dec_low.n > 0).map(|i| g[i].dec_low.v);
         let restart = nearest(dl, &|l: &Level| l.restart.n > 0).map(|i| g[i].restart.v);
         let ver_at = nearest(vl, &|l: &Level| l.has_ver());
         let ver = (0..=kmax)
