@@ -36,6 +36,9 @@ pub enum RelayEnd {
 
 /// Tokens averaged per decode-cost sample (streamed tokens may arrive in bursts).
 const DECODE_WINDOW: u32 = 4;
+/// Tokens between samples of the segment's mean gap so far (for the low envelope: a mean
+/// over the whole segment, which a burst of buffered tokens barely moves).
+const SEGMENT_SAMPLE: u32 = 16;
 
 impl Loop<'_> {
     pub(super) async fn relay(
@@ -65,6 +68,7 @@ impl Loop<'_> {
         let mut relayed = 0u32;
         let mut since_draft = 0u32;
         let mut window = (start, 0u32);
+        let mut first_at = start;
         let result = loop {
             let t = Instant::now();
             let item = stream.next().await;
@@ -84,7 +88,12 @@ impl Loop<'_> {
             if relayed == 1 {
                 ctl.record_relay_start(load, now - start);
                 window = (now, 0);
+                first_at = now;
             } else {
+                if (relayed - 1) % SEGMENT_SAMPLE == 0 {
+                    let mean = (now - first_at).as_secs_f64() / f64::from(relayed - 1);
+                    ctl.record_decode_mean(load, mean);
+                }
                 window.1 += 1;
                 if window.1 >= DECODE_WINDOW {
                     let per_token = (now - window.0).as_secs_f64() / f64::from(window.1);

@@ -31,9 +31,11 @@
 //!
 //! # The estimates (shared by all streams of the upstream)
 //! - T_dec and the relay restart latency, by the number of active streams, from relay
-//!   segments (gap between tokens; first-token latency). T_dec is a low envelope of the
-//!   gaps (quick to fall, slow to rise): speculation is compared with plain decoding at
-//!   its recent best, so a machine whose speed wanders does not make marginal rounds
+//!   segments (gap between tokens; first-token latency). T_dec is a low envelope (quick
+//!   to fall, slow to rise) of each segment's mean gap, sampled every 16 tokens (a mean
+//!   over the segment, so bursts of buffered tokens barely move it); until a segment was
+//!   that long, the mean of 4-token windows. Speculation is compared with plain decoding
+//!   at its recent best, so a machine whose speed wanders does not make marginal rounds
 //!   look like wins.
 //! - T_ver(k), by the number of streams speculating at once, from every verify call.
 //!   Missing k are interpolated from measured ones; a missing level borrows the nearest.
@@ -292,6 +294,16 @@ impl Controller {
     pub fn record_decode(&self, load: usize, per_token: f64) {
         let v = self.with_level(load, |l| {
             l.dec.add(per_token, COST_ALPHA);
+            l.dec_low.get().unwrap_or(l.dec.v)
+        });
+        if let (Some(m), Some(v)) = (&self.metrics, v) {
+            m.decode_cost.set(v);
+        }
+    }
+
+    /// Plain decoding: the mean gap over a relay segment so far (feeds the low envelope).
+    pub fn record_decode_mean(&self, load: usize, per_token: f64) {
+        let v = self.with_level(load, |l| {
             l.dec_low.add_low(per_token);
             l.dec_low.v
         });
@@ -414,7 +426,9 @@ impl Controller {
                 .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
         };
         let (dl, vl) = (level_of(load), level_of(spec));
-        let dec = nearest(dl, &|l: &Level| l.dec_low.n > 0).map(|i| g[i].dec_low.v);
+        // The low envelope once a segment was long enough to feed it, else the mean.
+        let dec =
+            nearest(dl, &|l: &Level| l.dec.n > 0).map(|i| g[i].dec_low.get().unwrap_or(g[i].dec.v));
         let restart = nearest(dl, &|l: &Level| l.restart.n > 0).map(|i| g[i].restart.v);
         let ver_at = nearest(vl, &|l: &Level| l.has_ver());
         let ver = (0..=kmax)
