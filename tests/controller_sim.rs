@@ -212,8 +212,9 @@ async fn auto_passes_through_while_speculation_does_not_pay() {
     for seed in 0..16 {
         watched += usize::from(run(400 + seed, 0.0).await.0);
     }
-    // One in 8, plus one when the probe interval (10 s) passed.
-    assert!((1..=5).contains(&watched), "{watched} of 16 watched");
+    // One in 8, plus one each time the probe interval (10 s) passed (more on a slow
+    // machine, where these 16 requests take longer).
+    assert!((1..=8).contains(&watched), "{watched} of 16 watched");
     let m = specd.metrics().await;
     assert_eq!(
         metric_sum(&m, "specd_passthrough_total{reason=\"not_paying\"}") as usize,

@@ -9,8 +9,9 @@
 //! The second test looks at outcomes, not estimates: the controller speculates when its
 //! estimates say a round pays, and estimates can be wrong (costs measured under other
 //! load, a drafter whose confidence runs ahead of its acceptance). The requests that did
-//! speculate are timed against what plain decoding of them would have taken (first-token
-//! latency plus a decode step per token, both measured from relays), switches included.
+//! speculate (10 % of their tokens or more) are timed against what plain decoding of them
+//! would have taken (first-token latency plus a decode step per token, both measured from
+//! relays), switches included.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -66,7 +67,10 @@ impl Sums {
         };
         f(&mut self.tokens, w.tokens);
         f(&mut self.speculated, w.speculated);
-        if let (true, Some(plain)) = (w.speculated > 0, w.plain_seconds) {
+        // Only requests that speculated substantially say whether speculating pays; one
+        // probe round in a relayed request would dilute the ratio towards 1.
+        let substantial = u64::from(w.speculated) * 10 >= u64::from(w.tokens) && w.speculated > 0;
+        if let (true, Some(plain)) = (substantial, w.plain_seconds) {
             let g = |total: &mut f64, x: f64| {
                 *total = if add {
                     *total + x
@@ -209,8 +213,9 @@ mod tests {
     fn watches_everything_while_speculation_wins() {
         let w = Watch::new(8, hour());
         w.record(req(1000, 400, 1.2));
-        // Requests that did not speculate do not dilute the realized speedup.
+        // Requests that did not speculate, or only a probe round, do not dilute it.
         w.record(req(1000, 0, 1.0));
+        w.record(req(1000, 5, 0.5));
         assert!((w.summary().1.unwrap_or(0.0) - 1.2).abs() < 1e-9);
         assert!((0..64).all(|_| w.admit()));
         // No plain-decoding estimate yet: speculation is given the benefit of the doubt.
