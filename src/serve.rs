@@ -43,7 +43,7 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
                     args.controller_probe_interval.max(0.0),
                 ),
                 explore: args.controller_explore.clamp(0.0, 1.0),
-                watch_every: args.controller_watch_every.max(1),
+                watch_every: args.controller_watch_every,
             },
             Some(metrics.clone()),
         )

@@ -94,12 +94,10 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
     if mode == SpecMode::Off {
         return respond::with_permit(pass(gen.body, "disabled").await, permit);
     }
-    // Where speculation has not been paying, most `auto` requests skip specd's loop. Not
-    // seeded sampled ones: specd seeds each position, so their output must not depend on
-    // which path a request took.
-    let passable = gen.sampling.seed.is_none() || gen.sampling.is_greedy();
+    // Where speculation has not been paying, most `auto` requests skip specd's loop
+    // (seeded sampled ones never: their output must not depend on the path).
     if mode == SpecMode::Auto
-        && passable
+        && !gen.sampling.is_seeded_sampled()
         && gen.spec.switch_every.is_none()
         && !st.controller.watch_auto()
     {

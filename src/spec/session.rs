@@ -145,7 +145,7 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
     // A relay segment draws many positions from one random stream, so where it starts
     // would change a seeded sampled output: such requests never relay on the controller's
     // say (forced switching keeps fixed boundaries and stays reproducible).
-    let may_relay = p.sampling.seed.is_none() || p.sampling.is_greedy();
+    let may_relay = !p.sampling.is_seeded_sampled();
     let mut l = Loop {
         p: &p,
         d: &d,
@@ -438,12 +438,11 @@ impl Loop<'_> {
             .proxy_overhead
             .with_label_values(&["round"])
             .observe(overhead.as_secs_f64());
-        let spent = round_start.elapsed().as_secs_f64();
         self.d
             .metrics
             .mode_seconds
             .with_label_values(&["speculate"])
-            .inc_by(spent);
+            .inc_by(round_start.elapsed().as_secs_f64());
         Ok(match finish {
             Some(f) => Round::Done(f),
             None => Round::Next(next),

@@ -27,6 +27,13 @@ impl Sampling {
         self.temperature == Some(0.0) || self.top_k == Some(1)
     }
 
+    /// Seeded and sampled: specd seeds each position, so such output depends on where
+    /// plain continuations start; these requests never relay and are never passed
+    /// through by `auto`.
+    pub fn is_seeded_sampled(&self) -> bool {
+        self.seed.is_some() && !self.is_greedy()
+    }
+
     /// The sampling fields as upstream JSON (OpenAI/vLLM names).
     pub fn to_json(&self) -> Map<String, Value> {
         let mut m = Map::new();

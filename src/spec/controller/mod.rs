@@ -54,8 +54,8 @@
 //! # Which requests run the loop at all
 //! Estimates can be wrong, and relaying costs specd work per token. `watch.rs` judges by
 //! outcome: while recent `auto` requests barely speculated, or those that did took longer
-//! than plain decoding would have, most new `auto` requests pass through untouched (one in `watch_every`,
-//! and one per probe interval, is still watched).
+//! than plain decoding would have, most new `auto` requests pass through untouched (one
+//! in `watch_every`, and one per probe interval, is still watched).
 //!
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
 //! the probe interval, one speculating stream relays a few tokens to re-measure it; when
@@ -192,7 +192,7 @@ impl Default for Controller {
 impl Controller {
     pub fn new(cfg: ControllerConfig, metrics: Option<Arc<Metrics>>) -> Self {
         Controller {
-            watch: watch::Watch::new(cfg.watch_every.max(1), cfg.probe_interval),
+            watch: watch::Watch::new(cfg.watch_every, cfg.probe_interval),
             cfg,
             levels: Mutex::new([Level::default(); LEVELS]),
             drafters: Mutex::new([DrafterStats::default(); DRAFTERS]),
