@@ -161,7 +161,7 @@ async fn prompts_and_outputs_stay_out_of_the_logs() {
     let up = FaultUpstream::start().await;
     for format in ["text", "json"] {
         // Default level: no SPECD_LOG.
-        let specd = Specd::start_env(&up.url, &["--log-format", format], &[]);
+        let mut specd = Specd::start_env(&up.url, &["--log-format", format], &[]);
         specd.wait_ready(Duration::from_secs(30)).await;
         let secret = "SECRET-PROMPT-4f1c";
         let c = client();
@@ -193,7 +193,10 @@ async fn prompts_and_outputs_stay_out_of_the_logs() {
         .await;
         assert_eq!(s, 500);
         up.clear();
-        let logs = specd.log_text();
+        // Read the whole log: stop specd and wait for its stderr to close.
+        specd.terminate();
+        let _ = specd.child.wait();
+        let logs = specd.final_log_text();
         assert!(logs.contains("listening"), "logs are captured: {logs}");
         assert!(
             !logs.contains(secret),

@@ -81,7 +81,8 @@ async fn sigterm_drains_streams_in_flight() {
         "SHUTDOWN drained 3 streams and exited {} ms after SIGTERM",
         t.elapsed().as_millis()
     );
-    assert!(specd.log_text().contains("drained"), "{}", specd.log_text());
+    let log = specd.final_log_text();
+    assert!(log.contains("drained"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

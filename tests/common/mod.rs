@@ -159,6 +159,8 @@ pub struct Specd {
     pub admin_url: Option<String>,
     /// Every line specd wrote to stderr so far.
     pub logs: Arc<Mutex<Vec<String>>>,
+    /// The thread copying stderr into `logs`; it ends when specd's stderr closes.
+    log_reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Specd {
@@ -215,7 +217,7 @@ impl Specd {
         let (tx, rx) = std::sync::mpsc::channel();
         let logs = Arc::new(Mutex::new(Vec::new()));
         let sink = logs.clone();
-        std::thread::spawn(move || {
+        let log_reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Ok(mut l) = sink.lock() {
                     l.push(line.clone());
@@ -254,12 +256,22 @@ impl Specd {
             url: url.unwrap_or_default(),
             admin_url,
             logs,
+            log_reader: Some(log_reader),
         }
     }
 
     /// Everything specd logged so far.
     pub fn log_text(&self) -> String {
         self.logs.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// Everything specd logged, once it has exited: waits for the reader to reach the end
+    /// of stderr, so the last lines before exit are not lost to the race with the reader.
+    pub fn final_log_text(&mut self) -> String {
+        if let Some(reader) = self.log_reader.take() {
+            let _ = reader.join();
+        }
+        self.log_text()
     }
 
     /// Send SIGTERM (graceful shutdown).
