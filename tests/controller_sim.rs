@@ -221,14 +221,29 @@ async fn auto_passes_through_while_speculation_does_not_pay() {
         16 - watched
     );
     assert!(metric_sum(&m, "specd_controller_auto_speculated_share") < 0.02);
-    // Perfect drafts: the first watched one speculates, and every request is watched again.
+    // Perfect drafts: watched ones speculate, and once the window shows speculation paying
+    // (both gauges past their thresholds) every request is watched again. On a busy
+    // machine one perfect request may not be enough: it may speculate only part of its
+    // tokens, or not outweigh the hopeless requests that speculated a little.
     let mut seed = 500;
     loop {
         seed += 1;
-        assert!(seed < 520, "no perfect-draft request was watched");
+        let m = specd.metrics().await;
+        let share = metric_sum(&m, "specd_controller_auto_speculated_share");
+        let realized = metric_sum(&m, "specd_controller_realized_speedup");
+        assert!(
+            seed < 560,
+            "perfect drafts never turned watching back on (share {share}, realized {realized})"
+        );
         let (watched, spec) = run(seed, 1.0).await;
-        if watched {
-            assert!(spec > 20, "perfect drafts speculated {spec} of 96 tokens");
+        if !watched {
+            continue;
+        }
+        let m = specd.metrics().await;
+        let share = metric_sum(&m, "specd_controller_auto_speculated_share");
+        let realized = metric_sum(&m, "specd_controller_realized_speedup");
+        eprintln!("perfect drafts: {spec} of 96 speculated; share {share}, realized {realized}");
+        if share >= 0.02 && !(realized > 0.0 && realized < 1.0) {
             break;
         }
     }

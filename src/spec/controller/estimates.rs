@@ -212,5 +212,7 @@ pub(super) struct Costs {
     pub(super) restart: Option<f64>,
     pub(super) ver: Vec<Option<f64>>,
     pub(super) dec_stale: bool,
-    pub(super) ver_stale: bool,
+    /// Probe intervals since the verify cost was last measured at this level (0 while
+    /// fresh; infinite if never).
+    pub(super) ver_staleness: f64,
 }

@@ -60,7 +60,8 @@
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
 //! the probe interval, one speculating stream relays a few tokens to re-measure it; when
 //! its verify cost is stale, one relaying stream runs a verify round if an optimistic
-//! estimate says it could pay. A few rounds try another K than the best (`explore`), so
+//! estimate says it could pay — the older the estimate, the more optimistic (a verify cost
+//! measured in a load spike must not keep speculation off for good). A few rounds try another K than the best (`explore`), so
 //! neighbouring K stay measured.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -440,7 +441,7 @@ impl Controller {
             restart,
             ver,
             dec_stale: g[dl].dec.stale(age),
-            ver_stale: g[vl].ver.iter().all(|e| e.stale(age)),
+            ver_staleness: staleness(&g[vl].ver, age),
         }
     }
 
@@ -598,9 +599,12 @@ impl Controller {
         if gain > 0.0 && gain * rounds > switch_cost {
             return Some(b.k);
         }
-        // A stale verify cost may hide a chance: re-measure when an optimistic guess pays.
-        let optimistic = b.tokens * dec > t_draft + 0.7 * (b.time - t_draft);
-        (c.ver_stale && optimistic && self.claim_probe(spec, true)).then_some(b.k)
+        // A stale verify cost may hide a chance (it may have been measured in a load
+        // spike): re-measure when an optimistic guess pays. The older the estimate, the
+        // less it is trusted, so a high one cannot keep speculation off for good.
+        let trust = STALE_TRUST.powf(c.ver_staleness);
+        let optimistic = b.tokens * dec > t_draft + trust * (b.time - t_draft);
+        (c.ver_staleness > 0.0 && optimistic && self.claim_probe(spec, true)).then_some(b.k)
     }
 
     /// Relaying: draft for shadow checks every this many tokens (slow drafters less often).
@@ -635,6 +639,21 @@ pub struct Relaying(Arc<Controller>);
 impl Drop for Relaying {
     fn drop(&mut self) {
         self.0.relaying.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How far a verify cost one probe interval old is trusted (by a relaying stream deciding
+/// whether to re-measure it); each further interval multiplies it again.
+const STALE_TRUST: f64 = 0.7;
+
+/// Probe intervals since the newest of `ver` was measured: 0 while that is within one
+/// interval, infinite if none ever was.
+fn staleness(ver: &[estimates::Ewma], interval: Duration) -> f64 {
+    let newest = ver.iter().filter_map(|e| e.at).max();
+    match newest {
+        None => f64::INFINITY,
+        Some(t) if t.elapsed() <= interval => 0.0,
+        Some(t) => t.elapsed().as_secs_f64() / interval.as_secs_f64().max(1e-3),
     }
 }
 

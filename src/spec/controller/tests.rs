@@ -293,3 +293,45 @@ fn clients_that_bypass_specd_count_as_decoding_streams() {
     running.store(24, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(plan(&mut s), Decision::Relay { probe: false });
 }
+
+#[test]
+fn an_old_verify_cost_is_trusted_less_and_less() {
+    let c = Arc::new(Controller::new(
+        ControllerConfig {
+            probe_interval: Duration::from_secs(10),
+            explore: 0.0,
+            watch_every: 1,
+        },
+        None,
+    ));
+    // Verify rounds measured in a load spike: 200 ms, where 8 good drafts are worth
+    // about 100 ms of plain decoding.
+    for _ in 0..20 {
+        c.record_decode(1, 0.0121);
+        c.record_relay_start(1, ms(31.0));
+        for k in [0, 2, 4, 8] {
+            c.record_verify(k, 1, ms(200.0));
+        }
+    }
+    let _me = c.enter();
+    let _r = c.relaying();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.98, 0.5);
+    let measured_ago = |intervals: u64| {
+        let at = Instant::now().checked_sub(Duration::from_secs(10 * intervals) + ms(1.0));
+        if let Ok(mut g) = c.levels.lock() {
+            for e in g.iter_mut().flat_map(|l| l.ver.iter_mut()) {
+                if e.at.is_some() {
+                    e.at = at;
+                }
+            }
+        }
+    };
+    let mut resume = || c.plan_resume(&mut s, "oracle", &proposal(8, 0.5), 100);
+    assert_eq!(resume(), None, "fresh: the round does not pay");
+    measured_ago(1);
+    assert_eq!(resume(), None, "one interval old: still trusted enough");
+    measured_ago(8);
+    assert_eq!(resume(), Some(8), "eight intervals old: re-measured");
+    assert_eq!(resume(), None, "one probe per interval");
+}
