@@ -13,6 +13,8 @@
 # Extra arguments after the suite go to `specd-sim bench` (e.g. --static-k 4 --with-watched;
 # for `vllm`, tokens per stream and repeats come from SPECD_BENCH_TOKENS (256) and
 # SPECD_BENCH_REPEATS (6)).
+# SPECD_BENCH_VERBOSE=1 prints each request's time and `usage.speculation`, and specd's
+# log lines (with e.g. SPECD_LOG=specd::spec=debug for the controller's decisions).
 # Results are printed as markdown tables; JSON copies go to $SPECD_BENCH_OUT
 # (default: target/bench-results).
 set -euo pipefail

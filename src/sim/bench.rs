@@ -352,6 +352,13 @@ async fn trial(
                 .and_then(Value::as_u64)
                 .unwrap_or(0)
         };
+        if std::env::var_os("SPECD_BENCH_VERBOSE").is_some() {
+            eprintln!(
+                "   {:.0} ms {}",
+                dt.as_secs_f64() * 1e3,
+                v.pointer("/usage/speculation").unwrap_or(&Value::Null)
+            );
+        }
         s.rounds += sp("rounds");
         s.accepted += sp("accepted_tokens");
         s.relay_tokens += sp("relay_tokens");
