@@ -90,7 +90,7 @@ impl Metrics {
             num_draft_tokens: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_draft_tokens_total", "Draft tokens verified"), &["drafter"])),
             num_accepted_tokens: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_accepted_tokens_total", "Draft tokens accepted"), &["drafter"])),
             accepted_per_pos: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_accepted_tokens_per_pos_total", "Draft tokens accepted by position in the draft"), &["drafter", "position"])),
-            num_emitted_tokens: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_emitted_tokens_total", "Tokens produced by verify rounds (accepted drafts plus one sampled token per round)"), &["drafter"])),
+            num_emitted_tokens: reg!(r, names, IntCounterVec::new(Opts::new("specd_spec_decode_num_emitted_tokens_total", "Tokens produced by verify rounds (accepted drafts plus one sampled token per round; rounds without drafts count their one token)"), &["drafter"])),
             accepted_length: reg!(r, names, hist("specd_spec_decode_accepted_length", "Accepted draft tokens per round", count_buckets(), &["drafter"])),
             rounds_per_request: reg!(r, names, hist("specd_spec_rounds_per_request", "Verify rounds per speculated request", exponential_buckets(1.0, 2.0, 14).unwrap_or_default(), &["drafter"])),
             verify_duration: reg!(r, names, hist("specd_verify_duration_seconds", "One verify call to the upstream", lat(), &["kind"])),

@@ -473,9 +473,11 @@ impl Controller {
 
     fn publish(&self, drafter: &'static str, speedup: f64) {
         if let Some(m) = &self.metrics {
+            // A round whose cost to the other streams exceeds its gain nets fewer than zero
+            // tokens; to a reader that is simply no speedup.
             m.estimated_speedup
                 .with_label_values(&[drafter])
-                .set(speedup);
+                .set(speedup.max(0.0));
         }
     }
 
