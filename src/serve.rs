@@ -166,6 +166,7 @@ fn sglang_backend(st: &Shared, info: &UpstreamInfo) -> SglangBackend {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let signals = ShutdownSignal::install();
     raise_open_files_limit();
     let st = build_state(args)?;
     // A forced kind that does not match is a start-up error, not a silent fallback.
@@ -226,7 +227,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             })
             .await
     });
-    shutdown_signal().await;
+    signals.recv().await;
     let drain = st.args.drain_timeout();
     tracing::info!(
         timeout_s = drain.as_secs_f64(),
@@ -289,23 +290,57 @@ fn raise_open_files_limit() {
 #[cfg(not(unix))]
 fn raise_open_files_limit() {}
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM/SIGINT listeners. Created before specd binds and reports its address: a signal
+/// that arrives right after start-up must drain and exit cleanly, not hit the default
+/// action (a tokio signal handler is installed when its listener is created).
+struct ShutdownSignal {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignal {
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            ShutdownSignal {
+                term: signal(SignalKind::terminate()).ok(),
+                int: signal(SignalKind::interrupt()).ok(),
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+        #[cfg(not(unix))]
+        ShutdownSignal {}
+    }
+
+    async fn recv(mut self) {
+        #[cfg(unix)]
+        {
+            let term = async {
+                match self.term.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let int = async {
+                match self.int.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = term => {}
+                _ = int => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -124,3 +124,18 @@ async fn idle_shutdown_is_immediate() {
     assert!(status.success());
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
+
+/// A SIGTERM that arrives as soon as specd reports its address still drains and exits
+/// cleanly (the handlers are in place before specd listens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_right_after_start_exits_cleanly() {
+    let up = FaultUpstream::start().await;
+    for _ in 0..5 {
+        let mut specd = Specd::start(&up.url, &["--drain-timeout", "5"]);
+        specd.terminate();
+        let status = exited(&mut specd, Duration::from_secs(10))
+            .await
+            .expect("exits");
+        assert!(status.success(), "{status}");
+    }
+}
