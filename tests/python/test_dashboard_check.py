@@ -55,7 +55,6 @@ METRICS = [
     ("specd_spec_decode_num_accepted_tokens_total", "counter", {"drafter": DRAFTERS}, None),
     ("specd_spec_decode_num_accepted_tokens_per_pos_total", "counter",
      {"drafter": DRAFTERS, "position": ["0", "1", "2", "3"]}, None),
-    ("specd_spec_decode_num_emitted_tokens_total", "counter", {"drafter": DRAFTERS}, None),
     ("specd_spec_decode_accepted_length", "histogram", {"drafter": DRAFTERS}, COUNTS),
     ("specd_spec_rounds_per_request", "histogram", {"drafter": DRAFTERS}, [1, 2, 5, 10, 50, 100]),
     ("specd_verify_duration_seconds", "histogram", {"kind": ["vllm"]}, LATENCY),

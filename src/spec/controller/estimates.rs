@@ -216,3 +216,18 @@ pub(super) struct Costs {
     /// fresh; infinite if never).
     pub(super) ver_staleness: f64,
 }
+
+/// How far a verify cost one probe interval old is trusted (by a relaying stream deciding
+/// whether to re-measure it); each further interval multiplies it again.
+pub(super) const STALE_TRUST: f64 = 0.7;
+
+/// Probe intervals since the newest of `ver` was measured: 0 while that is within one
+/// interval, infinite if none ever was.
+pub(super) fn staleness(ver: &[Ewma], interval: Duration) -> f64 {
+    let newest = ver.iter().filter_map(|e| e.at).max();
+    match newest {
+        None => f64::INFINITY,
+        Some(t) if t.elapsed() <= interval => 0.0,
+        Some(t) => t.elapsed().as_secs_f64() / interval.as_secs_f64().max(1e-3),
+    }
+}

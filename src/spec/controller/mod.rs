@@ -60,9 +60,9 @@
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
 //! the probe interval, one speculating stream relays a few tokens to re-measure it; when
 //! its verify cost is stale, one relaying stream runs a verify round if an optimistic
-//! estimate says it could pay — the older the estimate, the more optimistic (a verify cost
-//! measured in a load spike must not keep speculation off for good). A few rounds try another K than the best (`explore`), so
-//! neighbouring K stay measured.
+//! estimate says it could pay — the older the estimate, the more optimistic (a verify
+//! cost measured in a load spike must not keep speculation off for good). A few rounds
+//! try another K than the best (`explore`), so neighbouring K stay measured.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,7 +76,7 @@ mod watch;
 pub use watch::Watched;
 
 pub use estimates::expected_tokens;
-use estimates::{drafter_index, level_of, Costs, DrafterStats, Level};
+use estimates::{drafter_index, level_of, staleness, Costs, DrafterStats, Level, STALE_TRUST};
 
 use crate::config::SpecMode;
 use crate::draft::Proposal;
@@ -641,21 +641,6 @@ pub struct Relaying(Arc<Controller>);
 impl Drop for Relaying {
     fn drop(&mut self) {
         self.0.relaying.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// How far a verify cost one probe interval old is trusted (by a relaying stream deciding
-/// whether to re-measure it); each further interval multiplies it again.
-const STALE_TRUST: f64 = 0.7;
-
-/// Probe intervals since the newest of `ver` was measured: 0 while that is within one
-/// interval, infinite if none ever was.
-fn staleness(ver: &[estimates::Ewma], interval: Duration) -> f64 {
-    let newest = ver.iter().filter_map(|e| e.at).max();
-    match newest {
-        None => f64::INFINITY,
-        Some(t) if t.elapsed() <= interval => 0.0,
-        Some(t) => t.elapsed().as_secs_f64() / interval.as_secs_f64().max(1e-3),
     }
 }
 
