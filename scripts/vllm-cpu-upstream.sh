@@ -173,6 +173,7 @@ launch() {
     echo "$PID" >"$STATE/pid"
     echo "$PORT" >"$STATE/port"
     echo "$MODEL" >"$STATE/model"
+    echo "${SPECD_VLLM_EXTRA_ARGS:-}" >"$STATE/args"
 }
 
 wait_healthy() {
@@ -197,11 +198,18 @@ cmd_start() {
         if [[ $(cat "$STATE/model" 2>/dev/null) != "$MODEL" ]]; then
             die "$SERVED is already served from model $(cat "$STATE/model"); stop it first"
         fi
-        log "reusing running vLLM (pid $PID)"
-        echo "UPSTREAM=http://127.0.0.1:$PORT"
-        return 0
+        # A server started with other arguments (say bf16 where the caller asks for
+        # float32) would not be the server the caller asked for: restart it.
+        local running
+        running=$(cat "$STATE/args" 2>/dev/null || true)
+        if [[ $running == "${SPECD_VLLM_EXTRA_ARGS:-}" ]]; then
+            log "reusing running vLLM (pid $PID)"
+            echo "UPSTREAM=http://127.0.0.1:$PORT"
+            return 0
+        fi
+        log "restarting vLLM (pid $PID): it runs with extra arguments '$running', asked for '${SPECD_VLLM_EXTRA_ARGS:-}'"
     fi
-    stop_server # a dead or unhealthy leftover
+    stop_server # a dead or unhealthy leftover, or one started with other arguments
     ensure_model
     local attempt rc started=$SECONDS
     for attempt in 1 2 3; do
