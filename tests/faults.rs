@@ -205,9 +205,15 @@ async fn verify_timeout_bounds_a_hung_upstream() {
     up.set_token_delay(Duration::from_secs(30));
     let t = Instant::now();
     let mut r = SseReader::open(&specd.url, "/v1/completions", &body(&p, 50, "auto", true)).await;
-    let (events, done) = r.rest().await;
-    let err = assert_error_end(&events, done, r.broken);
-    assert_eq!(err["code"], 504, "{err}");
+    if r.status == 504 {
+        // On a loaded machine even the first token can miss the 1 s bound: then the
+        // timeout comes before any event and is the HTTP status.
+        println!("FAULT relay hang before the first token: HTTP 504");
+    } else {
+        let (events, done) = r.rest().await;
+        let err = assert_error_end(&events, done, r.broken);
+        assert_eq!(err["code"], 504, "{err}");
+    }
     assert!(t.elapsed() < Duration::from_secs(10));
 }
 
