@@ -317,25 +317,17 @@ impl ShutdownSignal {
     async fn recv(mut self) {
         #[cfg(unix)]
         {
-            let term = async {
-                match self.term.as_mut() {
+            async fn next(s: Option<&mut tokio::signal::unix::Signal>) {
+                match s {
                     Some(s) => {
                         s.recv().await;
                     }
                     None => std::future::pending::<()>().await,
                 }
-            };
-            let int = async {
-                match self.int.as_mut() {
-                    Some(s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
+            }
             tokio::select! {
-                _ = term => {}
-                _ = int => {}
+                _ = next(self.term.as_mut()) => {}
+                _ = next(self.int.as_mut()) => {}
             }
         }
         #[cfg(not(unix))]

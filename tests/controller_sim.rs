@@ -225,12 +225,17 @@ async fn auto_passes_through_while_speculation_does_not_pay() {
     // (both gauges past their thresholds) every request is watched again. On a busy
     // machine one perfect request may not be enough: it may speculate only part of its
     // tokens, or not outweigh the hopeless requests that speculated a little.
+    let gauges = || async {
+        let m = specd.metrics().await;
+        (
+            metric_sum(&m, "specd_controller_auto_speculated_share"),
+            metric_sum(&m, "specd_controller_realized_speedup"),
+        )
+    };
+    let (mut share, mut realized) = gauges().await;
     let mut seed = 500;
     loop {
         seed += 1;
-        let m = specd.metrics().await;
-        let share = metric_sum(&m, "specd_controller_auto_speculated_share");
-        let realized = metric_sum(&m, "specd_controller_realized_speedup");
         assert!(
             seed < 560,
             "perfect drafts never turned watching back on (share {share}, realized {realized})"
@@ -239,9 +244,7 @@ async fn auto_passes_through_while_speculation_does_not_pay() {
         if !watched {
             continue;
         }
-        let m = specd.metrics().await;
-        let share = metric_sum(&m, "specd_controller_auto_speculated_share");
-        let realized = metric_sum(&m, "specd_controller_realized_speedup");
+        (share, realized) = gauges().await;
         eprintln!("perfect drafts: {spec} of 96 speculated; share {share}, realized {realized}");
         if share >= 0.02 && !(realized > 0.0 && realized < 1.0) {
             break;

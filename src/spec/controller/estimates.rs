@@ -59,6 +59,11 @@ pub(super) struct Level {
 }
 
 impl Level {
+    /// T_dec as decisions use it: the low envelope once a relay segment was long enough
+    /// to feed it, else the mean of the short windows.
+    pub(super) fn dec_cost(&self) -> f64 {
+        self.dec_low.get().unwrap_or(self.dec.v)
+    }
     pub(super) fn has_ver(&self) -> bool {
         self.ver.iter().any(|e| e.n > 0)
     }

@@ -295,7 +295,7 @@ impl Controller {
     pub fn record_decode(&self, load: usize, per_token: f64) {
         let v = self.with_level(load, |l| {
             l.dec.add(per_token, COST_ALPHA);
-            l.dec_low.get().unwrap_or(l.dec.v)
+            l.dec_cost()
         });
         if let (Some(m), Some(v)) = (&self.metrics, v) {
             m.decode_cost.set(v);
@@ -306,7 +306,7 @@ impl Controller {
     pub fn record_decode_mean(&self, load: usize, per_token: f64) {
         let v = self.with_level(load, |l| {
             l.dec_low.add_low(per_token);
-            l.dec_low.v
+            l.dec_cost()
         });
         if let (Some(m), Some(v)) = (&self.metrics, v) {
             m.decode_cost.set(v);
@@ -427,9 +427,7 @@ impl Controller {
                 .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
         };
         let (dl, vl) = (level_of(load), level_of(spec));
-        // The low envelope once a segment was long enough to feed it, else the mean.
-        let dec =
-            nearest(dl, &|l: &Level| l.dec.n > 0).map(|i| g[i].dec_low.get().unwrap_or(g[i].dec.v));
+        let dec = nearest(dl, &|l: &Level| l.dec.n > 0).map(|i| g[i].dec_cost());
         let restart = nearest(dl, &|l: &Level| l.restart.n > 0).map(|i| g[i].restart.v);
         let ver_at = nearest(vl, &|l: &Level| l.has_ver());
         let ver = (0..=kmax)
