@@ -10,11 +10,11 @@
 #         (scripts/vllm-cpu-upstream.sh; reused when already running).
 # suffix  time per proposal and memory of the suffix drafter.
 #
-# Extra arguments after the suite go to `specd-sim bench` (e.g. --static-k 4 --with-watched;
+# Extra arguments after the suite go to `specd-bench scenarios` (e.g. --static-k 4 --with-watched;
 # for `vllm`, tokens per stream and repeats come from SPECD_BENCH_TOKENS (256) and
 # SPECD_BENCH_REPEATS (6)).
 # SPECD_BENCH_VERBOSE=1 prints each request's time and `usage.speculation`, and specd's
-# log lines (with e.g. SPECD_LOG=specd::spec=debug for the controller's decisions).
+# log lines (with e.g. SPECD_LOG=specd::speculation=debug for the controller's decisions).
 # Results are printed as markdown tables; JSON copies go to $SPECD_BENCH_OUT
 # (default: target/bench-results).
 set -euo pipefail
@@ -24,23 +24,23 @@ shift || true
 out=${SPECD_BENCH_OUT:-target/bench-results}
 mkdir -p "$out"
 
-cargo build --release --bins >&2
+cargo build --release --workspace --bins >&2
 bin=${CARGO_TARGET_DIR:-target}/release
 
 run_sim() {
-    "$bin/specd-sim" bench --json "$out/sim.json" "$@"
+    "$bin/specd-bench" scenarios --json "$out/sim.json" "$@"
 }
 
 run_vllm() {
     local up
     up=$(bash scripts/vllm-cpu-upstream.sh start | tail -n 1 | sed 's/^UPSTREAM=//')
-    "$bin/specd-sim" bench --upstream "$up" --drafter "${SPECD_BENCH_DRAFTER:-suffix}" \
+    "$bin/specd-bench" scenarios --upstream "$up" --drafter "${SPECD_BENCH_DRAFTER:-suffix}" \
         --tokens "${SPECD_BENCH_TOKENS:-256}" --repeats "${SPECD_BENCH_REPEATS:-6}" \
         --json "$out/vllm.json" "$@"
 }
 
 run_suffix() {
-    "$bin/specd-sim" suffix-bench "$@"
+    "$bin/specd-bench" suffix "$@"
 }
 
 case $suite in

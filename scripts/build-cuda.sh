@@ -5,8 +5,8 @@
 # driver library `libcuda.so` is replaced at link time by a generated stub (at run time the
 # real driver is used). Everything lives under ~/.cache/specd/ and is reused.
 #
-# Usage: scripts/build-cuda.sh [--example NAME]   (env: CARGO_TARGET_DIR, CUDA_COMPUTE_CAP)
-# Output: $CARGO_TARGET_DIR/release/specd (or release/examples/NAME), stripped, and a .gz
+# Usage: scripts/build-cuda.sh [--bench-bin NAME]   (env: CARGO_TARGET_DIR, CUDA_COMPUTE_CAP)
+# Output: $CARGO_TARGET_DIR/release/specd (or release/NAME), stripped, and a .gz
 # beside it.
 set -euo pipefail
 
@@ -47,9 +47,9 @@ export NVCC_CCBIN="${NVCC_CCBIN:-$(command -v g++-12 || command -v g++)}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-cuda}"
 
 cd "$ROOT"
-if [ "${1:-}" = "--example" ]; then
-  cargo build --release --features cuda --example "$2"
-  BIN="$CARGO_TARGET_DIR/release/examples/$2"
+if [ "${1:-}" = "--bench-bin" ]; then
+  cargo build --release -p specd-bench --features cuda --bin "$2"
+  BIN="$CARGO_TARGET_DIR/release/$2"
 else
   cargo build --release --features cuda --bin specd
   BIN="$CARGO_TARGET_DIR/release/specd"

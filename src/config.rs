@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::draft::model::{DraftDevice, DraftDtype};
+use crate::draft::DrafterKind;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum UpstreamKindArg {
     /// Detect from the upstream's endpoints.
@@ -16,7 +19,7 @@ pub enum UpstreamKindArg {
 }
 
 /// How a request is served when it does not say itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SpecMode {
     /// Never speculate: forward requests unchanged.
@@ -28,6 +31,15 @@ pub enum SpecMode {
 }
 
 impl SpecMode {
+    /// The name in flags, headers, `usage.speculation.mode` and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpecMode::Off => "off",
+            SpecMode::On => "on",
+            SpecMode::Auto => "auto",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "off" | "false" | "0" => Some(Self::Off),
@@ -72,9 +84,9 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_SPECULATION", value_enum, default_value = "auto")]
     pub speculation: SpecMode,
 
-    /// Default drafter: ngram, suffix or model.
-    #[arg(long, env = "SPECD_DRAFTER", default_value = "ngram")]
-    pub drafter: String,
+    /// Default drafter.
+    #[arg(long, env = "SPECD_DRAFTER", value_enum, default_value = "ngram")]
+    pub drafter: DrafterKind,
 
     /// Maximum draft tokens per verify round.
     #[arg(long, env = "SPECD_MAX_DRAFT_TOKENS", default_value_t = 4)]
@@ -89,11 +101,11 @@ pub struct ServeArgs {
     pub ngram_max: usize,
 
     /// Suffix drafter: longest suffix of the context it matches, in tokens.
-    #[arg(long, env = "SPECD_SUFFIX_MAX_DEPTH", default_value_t = 32)]
+    #[arg(long, env = "SPECD_SUFFIX_MAX_DEPTH", default_value_t = 32, value_parser = at_least_two)]
     pub suffix_max_depth: usize,
 
     /// Suffix drafter: stop a chain when its cumulative probability falls below this.
-    #[arg(long, env = "SPECD_SUFFIX_MIN_PROB", default_value_t = 0.1)]
+    #[arg(long, env = "SPECD_SUFFIX_MIN_PROB", default_value_t = 0.1, value_parser = fraction_f32)]
     pub suffix_min_prob: f32,
 
     /// Suffix drafter: a chain is at most this factor times the match length.
@@ -107,19 +119,19 @@ pub struct ServeArgs {
 
     /// Controller: seconds after which a cost estimate counts as stale and one stream
     /// re-measures it (a short relay, or one verify round).
-    #[arg(long, env = "SPECD_CONTROLLER_PROBE_INTERVAL", default_value_t = 10.0)]
+    #[arg(long, env = "SPECD_CONTROLLER_PROBE_INTERVAL", default_value_t = 10.0, value_parser = positive_seconds)]
     pub controller_probe_interval: f64,
 
     /// Controller: share of speculation rounds that try a draft length other than the
     /// best estimate, to keep the verify-cost estimates of neighbouring K fresh.
-    #[arg(long, env = "SPECD_CONTROLLER_EXPLORE", default_value_t = 0.05)]
+    #[arg(long, env = "SPECD_CONTROLLER_EXPLORE", default_value_t = 0.05, value_parser = fraction)]
     pub controller_explore: f64,
 
     /// Controller: while recent `auto` requests got (almost) no tokens from speculation,
     /// only one in this many new `auto` requests runs through specd's loop (relaying and
     /// watching for a chance to speculate); the others pass through untouched, so that
     /// specd costs nothing where speculation does not pay. 1 watches every request.
-    #[arg(long, env = "SPECD_CONTROLLER_WATCH_EVERY", default_value_t = 8)]
+    #[arg(long, env = "SPECD_CONTROLLER_WATCH_EVERY", default_value_t = 8, value_parser = at_least_one)]
     pub controller_watch_every: usize,
 
     /// tokenizer.json (or a directory holding it) of the upstream's model. Default: the
@@ -131,13 +143,13 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_DRAFT_MODEL")]
     pub draft_model: Option<PathBuf>,
 
-    /// Device for the draft model: cpu or cuda:N.
+    /// Device for the draft model: cpu, cuda or cuda:N.
     #[arg(long, env = "SPECD_DRAFT_DEVICE", default_value = "cpu")]
-    pub draft_device: String,
+    pub draft_device: DraftDevice,
 
     /// Draft model weights dtype: f32, bf16 or f16 (default f32 on the CPU, bf16 on CUDA).
     #[arg(long, env = "SPECD_DRAFT_DTYPE")]
-    pub draft_dtype: Option<String>,
+    pub draft_dtype: Option<DraftDtype>,
 
     /// Streams with a draft-model KV cache slot (default 16 on the CPU, 32 on CUDA).
     #[arg(long, env = "SPECD_DRAFT_MAX_STREAMS")]
@@ -148,25 +160,25 @@ pub struct ServeArgs {
     pub draft_max_len: Option<usize>,
 
     /// Timeout of one verify call, in seconds.
-    #[arg(long, env = "SPECD_VERIFY_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "SPECD_VERIFY_TIMEOUT", default_value_t = 30.0, value_parser = positive_seconds)]
     pub verify_timeout: f64,
 
     /// Connect timeout to the upstream, in seconds.
-    #[arg(long, env = "SPECD_CONNECT_TIMEOUT", default_value_t = 5.0)]
+    #[arg(long, env = "SPECD_CONNECT_TIMEOUT", default_value_t = 5.0, value_parser = positive_seconds)]
     pub connect_timeout: f64,
 
     /// Close pooled upstream connections idle this long, in seconds. Keep it below the
     /// upstream's keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s), so specd
     /// never sends a request on a connection the server is closing at that moment.
-    #[arg(long, env = "SPECD_UPSTREAM_IDLE_TIMEOUT", default_value_t = 4.0)]
+    #[arg(long, env = "SPECD_UPSTREAM_IDLE_TIMEOUT", default_value_t = 4.0, value_parser = positive_seconds)]
     pub upstream_idle_timeout: f64,
 
     /// Interval of the upstream health check, in seconds.
-    #[arg(long, env = "SPECD_HEALTH_INTERVAL", default_value_t = 2.0)]
+    #[arg(long, env = "SPECD_HEALTH_INTERVAL", default_value_t = 2.0, value_parser = health_interval)]
     pub health_interval: f64,
 
     /// How long in-flight requests may finish after SIGTERM, in seconds.
-    #[arg(long, env = "SPECD_DRAIN_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "SPECD_DRAIN_TIMEOUT", default_value_t = 30.0, value_parser = non_negative_seconds)]
     pub drain_timeout: f64,
 
     /// Maximum concurrently served generation requests (0 = unlimited).
@@ -197,20 +209,84 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     pub fn verify_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.verify_timeout.max(0.001))
+        Duration::from_secs_f64(self.verify_timeout)
     }
     pub fn connect_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.connect_timeout.max(0.001))
+        Duration::from_secs_f64(self.connect_timeout)
     }
     pub fn upstream_idle_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.upstream_idle_timeout.max(0.001))
+        Duration::from_secs_f64(self.upstream_idle_timeout)
     }
     pub fn health_interval(&self) -> Duration {
-        Duration::from_secs_f64(self.health_interval.max(0.05))
+        Duration::from_secs_f64(self.health_interval)
     }
     pub fn drain_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.drain_timeout.max(0.0))
+        Duration::from_secs_f64(self.drain_timeout)
     }
+}
+
+// Flag values are checked when parsed: a value out of range stops specd at start with a
+// message naming the flag, instead of being silently clamped.
+
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!(
+            "`{s}` must be a finite number of seconds, at least 0"
+        ));
+    }
+    Ok(v)
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match seconds(s)? {
+        v if v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` must be more than 0 seconds")),
+    }
+}
+
+fn non_negative_seconds(s: &str) -> Result<f64, String> {
+    seconds(s)
+}
+
+fn health_interval(s: &str) -> Result<f64, String> {
+    match seconds(s)? {
+        v if v >= 0.05 => Ok(v),
+        _ => Err(format!("`{s}` is too short: at least 0.05 seconds")),
+    }
+}
+
+fn fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("`{s}` must be between 0 and 1"));
+    }
+    Ok(v)
+}
+
+fn fraction_f32(s: &str) -> Result<f32, String> {
+    fraction(s).map(|v| v as f32)
+}
+
+fn at_least(s: &str, min: usize) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(v) if v >= min => Ok(v),
+        _ => Err(format!("`{s}` must be a whole number, at least {min}")),
+    }
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    at_least(s, 1)
+}
+
+fn at_least_two(s: &str) -> Result<usize, String> {
+    at_least(s, 2)
 }
 
 /// specd's cache root, as the scripts use it: `SPECD_CACHE_DIR`, else ~/.cache/specd.
@@ -221,4 +297,49 @@ pub fn cache_dir() -> std::path::PathBuf {
             std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                 .join(".cache/specd")
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::ServeArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<ServeArgs, String> {
+        let mut argv = vec!["specd", "--upstream", "http://x"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv)
+            .map(|c| c.args)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn out_of_range_values_are_rejected_not_clamped() {
+        for bad in [
+            ["--verify-timeout", "0"],
+            ["--verify-timeout", "-1"],
+            ["--drain-timeout", "nan"],
+            ["--health-interval", "0.001"],
+            ["--controller-explore", "1.5"],
+            ["--controller-watch-every", "0"],
+            ["--suffix-max-depth", "1"],
+            ["--draft-device", "tpu"],
+            ["--draft-dtype", "int3"],
+            ["--drafter", "magic"],
+        ] {
+            let arg = format!("{}={}", bad[0], bad[1]);
+            let e = parse(&[&arg])
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert!(e.contains(bad[0]), "{bad:?}: {e}");
+        }
+        let ok = parse(&["--verify-timeout", "2.5", "--drain-timeout", "0"]).expect("valid");
+        assert_eq!(ok.verify_timeout().as_secs_f64(), 2.5);
+    }
 }

@@ -1,14 +1,13 @@
 //! specd: a sidecar proxy that adds speculative decoding in front of an unmodified vLLM
 //! or SGLang server.
 
-pub mod bench;
 pub mod config;
 pub mod draft;
 pub mod error;
+pub mod inflight;
 pub mod metrics;
 pub mod serve;
 pub mod server;
-pub mod sim;
-pub mod spec;
+pub mod speculation;
 pub mod tokens;
 pub mod upstream;

@@ -15,8 +15,6 @@ struct Cli {
 enum Cmd {
     /// Run the proxy.
     Serve(ServeArgs),
-    /// Replay workloads against specd and its upstream and report what speculation buys.
-    Bench(specd::bench::BenchArgs),
 }
 
 fn init_logs(format: LogFormat) {
@@ -37,10 +35,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Serve(args) => {
             init_logs(args.log_format);
             specd::serve::run(args).await
-        }
-        Cmd::Bench(args) => {
-            init_logs(LogFormat::Text);
-            specd::bench::run(args).await
         }
     }
 }

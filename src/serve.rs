@@ -12,9 +12,10 @@ use crate::draft::model::{check_tokenizer_compat, DrafterOptions, ModelDrafter};
 use crate::draft::ngram::NgramDrafter;
 use crate::draft::suffix::{SuffixConfig, SuffixDrafter};
 use crate::draft::Drafters;
+use crate::inflight::InFlight;
 use crate::metrics::Metrics;
 use crate::server::{self, AppState, Shared};
-use crate::spec::controller::{Controller, ControllerConfig};
+use crate::speculation::controller::{Controller, ControllerConfig};
 use crate::tokens::ModelTokenizer;
 use crate::upstream::detect::UpstreamKind;
 use crate::upstream::sglang::{ModelDefaults, SglangBackend};
@@ -30,23 +31,23 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
     let mut drafters = Drafters::default();
     drafters.insert(Arc::new(NgramDrafter::new(args.ngram_min, args.ngram_max)));
     drafters.insert(Arc::new(SuffixDrafter::new(SuffixConfig {
-        max_depth: args.suffix_max_depth.max(2),
+        max_depth: args.suffix_max_depth,
         min_prob: args.suffix_min_prob,
         spec_factor: args.suffix_spec_factor,
         global_max_tokens: args.suffix_global_tokens,
         ..SuffixConfig::default()
     })));
+    let in_flight = Arc::new(InFlight::default());
     let controller = Arc::new(
         Controller::new(
             ControllerConfig {
-                probe_interval: std::time::Duration::from_secs_f64(
-                    args.controller_probe_interval.max(0.0),
-                ),
-                explore: args.controller_explore.clamp(0.0, 1.0),
+                probe_interval: std::time::Duration::from_secs_f64(args.controller_probe_interval),
+                explore: args.controller_explore,
                 watch_every: args.controller_watch_every,
             },
             Some(metrics.clone()),
         )
+        .with_in_flight(in_flight.clone())
         .with_upstream_running({
             let up = upstream.clone();
             Box::new(move || up.load().map(|l| (l.running, l.at)))
@@ -63,8 +64,8 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
     if let Some(dir) = &args.draft_model {
         let d = ModelDrafter::load_with(
             dir,
-            &args.draft_device,
-            args.draft_dtype.as_deref(),
+            args.draft_device,
+            args.draft_dtype,
             DrafterOptions {
                 max_streams: args.draft_max_streams,
                 max_len: args.draft_max_len,
@@ -91,6 +92,7 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
         next_stream: AtomicU64::new(1),
         slots,
         queued: AtomicUsize::new(0),
+        in_flight,
         args,
     }))
 }
@@ -252,11 +254,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Client requests being answered (generation streams and forwarded requests).
-fn in_flight(st: &Shared) -> i64 {
-    ["speculate", "passthrough"]
-        .iter()
-        .map(|m| st.metrics.active_streams.with_label_values(&[m]).get())
-        .sum()
+fn in_flight(st: &Shared) -> usize {
+    st.in_flight.total()
 }
 
 /// Every stream holds a client connection and an upstream one; a service manager's

@@ -114,6 +114,8 @@ pub struct Detokenizer<'t> {
         tokenizers::PostProcessorWrapper,
         tokenizers::DecoderWrapper,
     >,
+    /// Tokens the tokenizer failed to decode (their text is missing from the output).
+    errors: u64,
 }
 
 impl<'t> Detokenizer<'t> {
@@ -135,12 +137,25 @@ impl<'t> Detokenizer<'t> {
         for &id in suffix {
             let _ = stream.step(id);
         }
-        Detokenizer { stream }
+        Detokenizer { stream, errors: 0 }
     }
 
     /// Text added by `id` (possibly empty while a character is incomplete).
+    /// A token that fails to decode adds no text; it is logged and counted (`errors`).
     pub fn step(&mut self, id: u32) -> String {
-        self.stream.step(id).ok().flatten().unwrap_or_default()
+        match self.stream.step(id) {
+            Ok(t) => t.unwrap_or_default(),
+            Err(e) => {
+                self.errors += 1;
+                tracing::warn!(token = id, error = %e, "token could not be decoded; its text is missing");
+                String::new()
+            }
+        }
+    }
+
+    /// Tokens that failed to decode so far.
+    pub fn errors(&self) -> u64 {
+        self.errors
     }
 }
 

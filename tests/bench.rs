@@ -1,4 +1,4 @@
-//! `specd bench` against the real vLLM through a fresh specd: it must finish with a full
+//! `specd-bench replay` against the real vLLM through a fresh specd: it must finish with a full
 //! report, and its acceptance figures — summed from each response's `usage.speculation` —
 //! must equal the ones computed from specd's own `/metrics` counters for the same run.
 
@@ -28,9 +28,9 @@ async fn bench_report_matches_specd_metrics() {
     let specd = Specd::start_ready(&up, &[]).await;
     let out = std::env::temp_dir().join(format!("specd-bench-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let run = Command::new(env!("CARGO_BIN_EXE_specd"))
+    let run = Command::new(workspace_bin("specd-bench"))
         .args([
-            "bench",
+            "replay",
             "--specd",
             &specd.url,
             "--upstream",
@@ -53,10 +53,10 @@ async fn bench_report_matches_specd_metrics() {
         .arg(&out)
         .env("SPECD_LOG", "warn")
         .output()
-        .expect("run specd bench");
+        .expect("run specd-bench replay");
     assert!(
         run.status.success(),
-        "specd bench failed: {}\n{}",
+        "specd-bench replay failed: {}\n{}",
         run.status,
         String::from_utf8_lossy(&run.stderr)
     );

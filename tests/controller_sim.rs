@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use futures_util::future::join_all;
 use serde_json::{json, Value};
-use specd::sim::{continuation, corrupt};
+use specd_sim::{continuation, corrupt};
 
 const VOCAB: u32 = 4096;
 
@@ -31,7 +31,7 @@ impl Drop for Sim {
 fn start_sim() -> Sim {
     let tok = std::env::var("SPECD_SIM_TOKENIZER")
         .unwrap_or_else(|_| models_dir().join("target").display().to_string());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_specd-sim"))
+    let mut child = Command::new(workspace_bin("specd-sim"))
         .args(["serve", "--tokenizer", &tok])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())

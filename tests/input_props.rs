@@ -9,9 +9,11 @@ use std::sync::Arc;
 use futures_util::{FutureExt, StreamExt};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
+use specd::inflight::InFlight;
+use specd::metrics::labels::StreamMode;
 use specd::metrics::Metrics;
 use specd::server::observe::{ObservedBody, Outcome};
-use specd::spec::request::{parse, Endpoint};
+use specd::speculation::request::{parse, Endpoint};
 use specd::upstream::sse::SseParser;
 use specd::upstream::vllm::parse_verify_response;
 
@@ -200,7 +202,8 @@ proptest! {
         if cut_off {
             chunks.push(Err("connection reset".to_string()));
         }
-        let outcome = Outcome::new(Arc::new(Metrics::new()), "completions", "passthrough");
+        let guard = Arc::new(InFlight::default()).enter(StreamMode::Passthrough);
+        let outcome = Outcome::new(Arc::new(Metrics::new()), "completions", guard);
         let body = ObservedBody::new(futures_util::stream::iter(chunks), outcome, true);
         let out: Vec<_> = body.collect::<Vec<_>>().now_or_never().expect("ready stream");
         let out: Vec<u8> = out.into_iter().map(|c| c.expect("no error reaches the client")).flat_map(|b| b.to_vec()).collect();

@@ -2,7 +2,7 @@
 # Check and time specd's CUDA draft-model engine on a GPU machine (measured on an NVIDIA
 # H200 with this script). Needs: python3 with torch + transformers, the NVIDIA CUDA 13
 # wheels (nvidia/cu13/lib) in that Python, and a gzipped draft_bench binary built by
-#   scripts/build-cuda.sh --example draft_bench
+#   scripts/build-cuda.sh --bench-bin draft_bench
 #
 # Usage: draft-bench.sh [BIN.gz]      (default: draft_bench.gz beside this script)
 # Env:   ANCHOR=none|graph|compile    also run the plain-PyTorch anchor (torch_decode_anchor.py

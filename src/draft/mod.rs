@@ -13,6 +13,69 @@ use futures_util::future::BoxFuture;
 
 pub type StreamId = u64;
 
+/// The drafters specd has. Its `as_str` is the name used in flags, request bodies,
+/// `usage.speculation.drafter` and metric labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
+pub enum DrafterKind {
+    /// Prompt lookup: the longest suffix match of the context inside the context.
+    Ngram,
+    /// Suffix trees over this request and recent outputs of all requests.
+    Suffix,
+    /// A small draft model (`--draft-model`).
+    Model,
+    /// Test drafter: proposes the expected continuation given in the request.
+    Oracle,
+    /// Test drafter: proposes a wrong token at every position.
+    Adversarial,
+}
+
+impl DrafterKind {
+    pub const ALL: [DrafterKind; 5] = [
+        DrafterKind::Ngram,
+        DrafterKind::Suffix,
+        DrafterKind::Model,
+        DrafterKind::Oracle,
+        DrafterKind::Adversarial,
+    ];
+    pub const COUNT: usize = Self::ALL.len();
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrafterKind::Ngram => "ngram",
+            DrafterKind::Suffix => "suffix",
+            DrafterKind::Model => "model",
+            DrafterKind::Oracle => "oracle",
+            DrafterKind::Adversarial => "adversarial",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Dense index, for per-drafter tables.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The drafters that take the expected tokens from the request (`--enable-test-drafters`).
+    pub fn is_test_only(self) -> bool {
+        matches!(self, DrafterKind::Oracle | DrafterKind::Adversarial)
+    }
+}
+
+impl std::fmt::Display for DrafterKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for DrafterKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct DraftRequest {
     pub stream: StreamId,
@@ -41,7 +104,7 @@ pub enum DraftError {
 }
 
 pub trait Drafter: Send + Sync {
-    fn name(&self) -> &'static str;
+    fn kind(&self) -> DrafterKind;
     /// Propose a chain of tokens. Batched drafters may hold the request briefly to run it
     /// together with other streams' requests.
     fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>>;
@@ -56,34 +119,22 @@ pub trait Drafter: Send + Sync {
     }
 }
 
-/// The drafters a server offers, by name.
+/// The drafters a server offers.
 #[derive(Default, Clone)]
 pub struct Drafters {
-    map: HashMap<&'static str, Arc<dyn Drafter>>,
+    map: HashMap<DrafterKind, Arc<dyn Drafter>>,
 }
 
 impl Drafters {
     pub fn insert(&mut self, d: Arc<dyn Drafter>) {
-        self.map.insert(d.name(), d);
+        self.map.insert(d.kind(), d);
     }
-    pub fn get(&self, name: &str) -> Option<Arc<dyn Drafter>> {
-        self.map.get(name).cloned()
+    pub fn get(&self, kind: DrafterKind) -> Option<Arc<dyn Drafter>> {
+        self.map.get(&kind).cloned()
     }
     pub fn names(&self) -> Vec<&'static str> {
         let mut v: Vec<_> = self.map.keys().copied().collect();
         v.sort_unstable();
-        v
-    }
-}
-
-/// Label value for a drafter name (bounded set for metrics).
-pub fn drafter_label(name: &str) -> &'static str {
-    match name {
-        "ngram" => "ngram",
-        "suffix" => "suffix",
-        "model" => "model",
-        "oracle" => "oracle",
-        "adversarial" => "adversarial",
-        _ => "other",
+        v.into_iter().map(DrafterKind::as_str).collect()
     }
 }

@@ -5,7 +5,7 @@
 use futures_util::future::{ready, BoxFuture};
 use futures_util::FutureExt;
 
-use super::{DraftError, DraftRequest, Drafter, Proposal};
+use super::{DraftError, DraftRequest, Drafter, DrafterKind, Proposal};
 
 pub struct NgramDrafter {
     pub min: usize,
@@ -51,8 +51,8 @@ impl NgramDrafter {
 }
 
 impl Drafter for NgramDrafter {
-    fn name(&self) -> &'static str {
-        "ngram"
+    fn kind(&self) -> DrafterKind {
+        DrafterKind::Ngram
     }
     fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>> {
         ready(Ok(self.lookup(&req.context, req.max_k))).boxed()

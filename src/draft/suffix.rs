@@ -24,7 +24,7 @@ use dashmap::DashMap;
 use futures_util::future::{ready, BoxFuture};
 use futures_util::FutureExt;
 
-use super::{DraftError, DraftRequest, Drafter, Proposal, StreamId};
+use super::{DraftError, DraftRequest, Drafter, DrafterKind, Proposal, StreamId};
 
 /// Tunables (flags `--suffix-*`).
 #[derive(Debug, Clone)]
@@ -365,8 +365,8 @@ pub struct MemoryUse {
 }
 
 impl Drafter for SuffixDrafter {
-    fn name(&self) -> &'static str {
-        "suffix"
+    fn kind(&self) -> DrafterKind {
+        DrafterKind::Suffix
     }
     fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>> {
         let p = self.lookup(req.stream, &req.context, req.prompt_len, req.max_k);

@@ -5,7 +5,7 @@
 use futures_util::future::{ready, BoxFuture};
 use futures_util::FutureExt;
 
-use super::{DraftError, DraftRequest, Drafter, Proposal};
+use super::{DraftError, DraftRequest, Drafter, DrafterKind, Proposal};
 
 pub struct ScriptedDrafter {
     /// Expected generated tokens (the continuation after the prompt).
@@ -15,11 +15,11 @@ pub struct ScriptedDrafter {
 }
 
 impl Drafter for ScriptedDrafter {
-    fn name(&self) -> &'static str {
+    fn kind(&self) -> DrafterKind {
         if self.adversarial {
-            "adversarial"
+            DrafterKind::Adversarial
         } else {
-            "oracle"
+            DrafterKind::Oracle
         }
     }
     fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>> {

@@ -16,10 +16,11 @@ use super::passthrough::forward_bytes;
 use super::{respond, Shared};
 use crate::config::SpecMode;
 use crate::draft::testing::ScriptedDrafter;
-use crate::draft::Drafter;
+use crate::draft::{Drafter, DrafterKind};
 use crate::error::ApiError;
-use crate::spec::request::{self, Endpoint, GenRequest, PromptInput};
-use crate::spec::session::{self, SessionDeps, SessionParams};
+use crate::metrics::labels::{PassthroughReason, RejectReason};
+use crate::speculation::request::{self, Endpoint, GenRequest, PromptInput};
+use crate::speculation::session::{self, SessionDeps, SessionParams};
 
 pub async fn completions(State(st): State<Shared>, req: Request) -> Response {
     handle(st, Endpoint::Completions, req).await
@@ -61,7 +62,7 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
         Err(e) => return reject(&st, e),
     };
     // Passthrough keeps the client's bytes unless specd's own field had to be removed.
-    let pass = |body: Map<String, Value>, reason: &'static str| {
+    let pass = |body: Map<String, Value>, reason: PassthroughReason| {
         let st = st.clone();
         let headers = parts.headers.clone();
         let path_q = path_q.clone();
@@ -92,7 +93,7 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
     };
     let mode = gen.spec.mode.unwrap_or(st.args.speculation);
     if mode == SpecMode::Off {
-        return respond::with_permit(pass(gen.body, "disabled").await, permit);
+        return respond::with_permit(pass(gen.body, PassthroughReason::Disabled).await, permit);
     }
     // Where speculation has not been paying, most `auto` requests skip specd's loop
     // (seeded sampled ones never: their output must not depend on the path).
@@ -101,13 +102,16 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
         && gen.spec.switch_every.is_none()
         && !st.controller.watch_auto()
     {
-        return respond::with_permit(pass(gen.body, "not_paying").await, permit);
+        return respond::with_permit(pass(gen.body, PassthroughReason::NotPaying).await, permit);
     }
     let Some(backend) = st.backend() else {
-        return respond::with_permit(pass(gen.body, "upstream_not_ready").await, permit);
+        return respond::with_permit(
+            pass(gen.body, PassthroughReason::UpstreamNotReady).await,
+            permit,
+        );
     };
     let Some(tokenizer) = st.tokenizer() else {
-        return respond::with_permit(pass(gen.body, "no_tokenizer").await, permit);
+        return respond::with_permit(pass(gen.body, PassthroughReason::NoTokenizer).await, permit);
     };
     // The upstream may fill sampling defaults of its own, or apply what specd cannot.
     let mut gen = gen;
@@ -132,14 +136,14 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
 
 fn reject(st: &Shared, e: ApiError) -> Response {
     let reason = match &e {
-        ApiError::BadRequest(_) | ApiError::NotFound(_) => "bad_request",
-        ApiError::TooLarge(_) => "too_large",
-        ApiError::Overloaded { .. } => "overloaded",
-        ApiError::Unauthorized => "unauthorized",
-        _ => "",
+        ApiError::BadRequest(_) | ApiError::NotFound(_) => Some(RejectReason::BadRequest),
+        ApiError::TooLarge(_) => Some(RejectReason::TooLarge),
+        ApiError::Overloaded { .. } => Some(RejectReason::Overloaded),
+        ApiError::Unauthorized => Some(RejectReason::Unauthorized),
+        _ => None,
     };
-    if !reason.is_empty() {
-        st.metrics.rejected.with_label_values(&[reason]).inc();
+    if let Some(r) = reason {
+        st.metrics.rejected.with_label_values(&[r.as_str()]).inc();
     }
     e.into_response()
 }
@@ -240,29 +244,7 @@ async fn speculate(
         Some(n) => n.min(max_model_len - plen),
         None => max_model_len - plen,
     };
-    let drafter_name = gen
-        .spec
-        .drafter
-        .clone()
-        .unwrap_or_else(|| st.args.drafter.clone());
-    let drafter: Arc<dyn Drafter> = match drafter_name.as_str() {
-        "oracle" | "adversarial" if st.args.enable_test_drafters => {
-            let truth = gen.spec.oracle_tokens.clone().ok_or_else(|| {
-                ApiError::BadRequest("the test drafters need speculation.oracle_tokens".into())
-            })?;
-            Arc::new(ScriptedDrafter {
-                truth,
-                adversarial: drafter_name == "adversarial",
-                vocab_size: tokenizer.vocab_size as u32,
-            })
-        }
-        name => st.drafters.get(name).ok_or_else(|| {
-            ApiError::BadRequest(format!(
-                "unknown drafter '{name}'; available: {}",
-                st.drafters.names().join(", ")
-            ))
-        })?,
-    };
+    let drafter = choose_drafter(st, &gen, tokenizer.vocab_size)?;
     let k_max = gen
         .spec
         .max_draft_tokens
@@ -292,4 +274,33 @@ async fn speculate(
     };
     let rx = session::spawn(params, deps);
     Ok(respond::respond(st, &gen, model, tokenizer, rx).await)
+}
+
+/// The request's drafter, else the server's default.
+fn choose_drafter(
+    st: &Shared,
+    gen: &GenRequest,
+    vocab_size: usize,
+) -> Result<Arc<dyn Drafter>, ApiError> {
+    let unknown = |name: &str| {
+        ApiError::BadRequest(format!(
+            "unknown drafter '{name}'; available: {}",
+            st.drafters.names().join(", ")
+        ))
+    };
+    let kind = match &gen.spec.drafter {
+        Some(name) => DrafterKind::parse(name).ok_or_else(|| unknown(name))?,
+        None => st.args.drafter,
+    };
+    if kind.is_test_only() && st.args.enable_test_drafters {
+        let truth = gen.spec.oracle_tokens.clone().ok_or_else(|| {
+            ApiError::BadRequest("the test drafters need speculation.oracle_tokens".into())
+        })?;
+        return Ok(Arc::new(ScriptedDrafter {
+            truth,
+            adversarial: kind == DrafterKind::Adversarial,
+            vocab_size: vocab_size as u32,
+        }));
+    }
+    st.drafters.get(kind).ok_or_else(|| unknown(kind.as_str()))
 }

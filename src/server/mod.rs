@@ -21,8 +21,10 @@ use tokio::sync::Semaphore;
 use crate::config::ServeArgs;
 use crate::draft::Drafters;
 use crate::error::ApiError;
+use crate::inflight::InFlight;
+use crate::metrics::labels::RejectReason;
 use crate::metrics::Metrics;
-use crate::spec::controller::Controller;
+use crate::speculation::controller::Controller;
 use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::Backend;
 use crate::upstream::Upstream;
@@ -39,6 +41,8 @@ pub struct AppState {
     pub next_stream: AtomicU64,
     pub slots: Arc<Semaphore>,
     pub queued: AtomicUsize,
+    /// Client requests being answered (the drain waits for them).
+    pub in_flight: Arc<InFlight>,
 }
 
 pub type Shared = Arc<AppState>;
@@ -90,7 +94,10 @@ async fn gate(
         return next.run(req).await;
     }
     if st.is_draining() {
-        st.metrics.rejected.with_label_values(&["draining"]).inc();
+        st.metrics
+            .rejected
+            .with_label_values(&[RejectReason::Draining.as_str()])
+            .inc();
         return ApiError::Draining.into_response();
     }
     if let Some(key) = &st.args.api_key {
@@ -103,7 +110,7 @@ async fn gate(
         if !ok {
             st.metrics
                 .rejected
-                .with_label_values(&["unauthorized"])
+                .with_label_values(&[RejectReason::Unauthorized.as_str()])
                 .inc();
             return ApiError::Unauthorized.into_response();
         }

@@ -11,6 +11,8 @@ use bytes::Bytes;
 use futures_util::Stream;
 
 use crate::error::ApiError;
+use crate::inflight::InFlightGuard;
+use crate::metrics::labels::StreamMode;
 use crate::metrics::Metrics;
 
 pub fn route_label(path: &str) -> &'static str {
@@ -27,7 +29,9 @@ pub fn route_label(path: &str) -> &'static str {
 pub struct Outcome {
     metrics: Arc<Metrics>,
     route: &'static str,
-    mode: &'static str,
+    mode: StreamMode,
+    /// Counts this request in flight until the body ends.
+    _in_flight: InFlightGuard,
     start: Instant,
     status: u16,
     first: Option<Instant>,
@@ -37,12 +41,17 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn new(metrics: Arc<Metrics>, route: &'static str, mode: &'static str) -> Self {
-        metrics.active_streams.with_label_values(&[mode]).inc();
+    pub fn new(metrics: Arc<Metrics>, route: &'static str, in_flight: InFlightGuard) -> Self {
+        let mode = in_flight.mode();
+        metrics
+            .active_streams
+            .with_label_values(&[mode.as_str()])
+            .inc();
         Outcome {
             metrics,
             route,
             mode,
+            _in_flight: in_flight,
             start: Instant::now(),
             status: 200,
             first: None,
@@ -78,30 +87,31 @@ impl Outcome {
 impl Drop for Outcome {
     fn drop(&mut self) {
         let m = &self.metrics;
-        m.active_streams.with_label_values(&[self.mode]).dec();
+        let mode = self.mode.as_str();
+        m.active_streams.with_label_values(&[mode]).dec();
         let status = if self.complete {
             status_label(self.status)
         } else {
             "aborted"
         };
         m.requests
-            .with_label_values(&[self.route, self.mode, status])
+            .with_label_values(&[self.route, mode, status])
             .inc();
         m.request_duration
-            .with_label_values(&[self.route, self.mode])
+            .with_label_values(&[self.route, mode])
             .observe(self.start.elapsed().as_secs_f64());
-        if self.mode == "passthrough" {
+        if self.mode == StreamMode::Passthrough {
             m.output_tokens
-                .with_label_values(&["passthrough"])
+                .with_label_values(&[mode])
                 .inc_by(self.tokens);
         }
         if let (Some(first), Some(last)) = (self.first, self.last) {
             m.ttft
-                .with_label_values(&[self.mode])
+                .with_label_values(&[mode])
                 .observe((first - self.start).as_secs_f64());
             if self.tokens > 1 {
                 let per = (last - first).as_secs_f64() / (self.tokens - 1) as f64;
-                m.tpot.with_label_values(&[self.mode]).observe(per);
+                m.tpot.with_label_values(&[mode]).observe(per);
             }
         }
     }
@@ -284,7 +294,8 @@ mod tests {
                 .into_iter()
                 .map(|c| c.map(Bytes::from_static).map_err(str::to_string)),
         );
-        ObservedBody::new(s, Outcome::new(m, "completions", "passthrough"), true)
+        let guard = Arc::new(crate::inflight::InFlight::default()).enter(StreamMode::Passthrough);
+        ObservedBody::new(s, Outcome::new(m, "completions", guard), true)
     }
 
     async fn collect(b: ObservedBody<impl Stream<Item = Result<Bytes, String>> + Unpin>) -> String {

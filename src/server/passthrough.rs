@@ -11,6 +11,7 @@ use futures_util::TryStreamExt;
 use super::observe::{route_label, ObservedBody, Outcome};
 use super::Shared;
 use crate::error::ApiError;
+use crate::metrics::labels::{PassthroughReason, StreamMode};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) are never forwarded; nor is Host, which names
 /// specd, or Content-Length, which the client library recomputes.
@@ -94,12 +95,16 @@ pub async fn forward(
     headers: &HeaderMap,
     body: reqwest::Body,
     route: &'static str,
-    reason: Option<&'static str>,
+    reason: Option<PassthroughReason>,
 ) -> Response {
     if let Some(r) = reason {
-        st.metrics.passthrough.with_label_values(&[r]).inc();
+        st.metrics
+            .passthrough
+            .with_label_values(&[r.as_str()])
+            .inc();
     }
-    let mut outcome = Outcome::new(st.metrics.clone(), route, "passthrough");
+    let in_flight = st.in_flight.enter(StreamMode::Passthrough);
+    let mut outcome = Outcome::new(st.metrics.clone(), route, in_flight);
     let up = &st.upstream;
     let result = up
         .client
@@ -142,7 +147,7 @@ pub async fn forward_bytes(
     path: &str,
     headers: &HeaderMap,
     body: Bytes,
-    reason: &'static str,
+    reason: PassthroughReason,
 ) -> Response {
     let route = route_label(path);
     forward(

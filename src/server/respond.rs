@@ -17,9 +17,10 @@ use tokio::sync::mpsc;
 use super::observe::{route_label, Outcome};
 use super::Shared;
 use crate::error::ApiError;
-use crate::spec::output::{new_id, Shape};
-use crate::spec::request::{Endpoint, GenRequest};
-use crate::spec::session::Event;
+use crate::metrics::labels::StreamMode;
+use crate::speculation::output::{new_id, Shape};
+use crate::speculation::request::{Endpoint, GenRequest};
+use crate::speculation::session::Event;
 use crate::tokens::ModelTokenizer;
 
 pub async fn respond(
@@ -33,7 +34,11 @@ pub async fn respond(
         Endpoint::Completions => "/v1/completions",
         Endpoint::Chat => "/v1/chat/completions",
     };
-    let mut outcome = Outcome::new(st.metrics.clone(), route_label(path), "speculate");
+    let mut outcome = Outcome::new(
+        st.metrics.clone(),
+        route_label(path),
+        st.in_flight.enter(StreamMode::Speculate),
+    );
     let shape = Shape {
         endpoint: gen.endpoint,
         id: new_id(gen.endpoint),
@@ -108,8 +113,10 @@ async fn full_response(
         }
         ev = rx.recv().await;
     }
+    // Answered with an error: counted under its status, not as aborted.
     let e = ApiError::Internal("generation ended without a result".into());
-    outcome.set_status(500);
+    outcome.set_status(e.status().as_u16());
+    outcome.complete();
     e.into_response()
 }
 
@@ -199,7 +206,8 @@ fn stream_response(
                 let e = ApiError::Internal("generation ended without a result".into());
                 out.extend_from_slice(e.sse_event().as_bytes());
                 out.extend_from_slice(b"data: [DONE]\n\n");
-                s.outcome.set_status(500);
+                s.outcome.set_status(e.status().as_u16());
+                s.outcome.complete();
                 s.finished = true;
             }
         }

@@ -7,6 +7,7 @@ use futures_util::stream::BoxStream;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::metrics::labels::PassthroughReason;
 
 /// The client's sampling parameters, passed to the upstream as given (unset stays unset,
 /// so the upstream applies the same defaults it would for a direct request).
@@ -135,7 +136,7 @@ pub trait Backend: Send + Sync {
         _chat: bool,
         _body: &Map<String, Value>,
         _sampling: &mut Sampling,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), PassthroughReason> {
         Ok(())
     }
     /// Refuse a generation request that must not reach the upstream even unchanged (for

@@ -148,6 +148,18 @@ pub fn chi2_homogeneity<T: std::hash::Hash + Eq>(a: &[T], b: &[T]) -> (f64, f64)
     (stat, (cats.len().max(2) - 1) as f64)
 }
 
+/// A binary of another crate of the workspace (specd-sim, specd-bench), built beside specd
+/// by `cargo build` / `cargo nextest run` at the workspace root.
+pub fn workspace_bin(name: &str) -> std::path::PathBuf {
+    let p = std::path::Path::new(env!("CARGO_BIN_EXE_specd")).with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the whole workspace",
+        p.display()
+    );
+    p
+}
+
 /// The specd binary under test (`SPECD_BIN` overrides it, e.g. with a release build).
 pub fn bin() -> String {
     std::env::var("SPECD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_specd").to_string())

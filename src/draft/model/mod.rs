@@ -7,7 +7,6 @@
 //! of decode steps runs instead.
 
 pub mod batch;
-pub mod bench;
 pub mod config;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -28,7 +27,7 @@ use tokio::sync::oneshot;
 use self::batch::{Engine, Msg, Stats, WorkerOptions};
 pub use self::config::{Family, ModelConfig};
 pub use self::vocab::{check_tokenizer_compat, compare_vocab};
-use crate::draft::{DraftError, DraftRequest, Drafter, Proposal, StreamId};
+use crate::draft::{DraftError, DraftRequest, Drafter, DrafterKind, Proposal, StreamId};
 
 /// Tuning knobs; `Default` suits the device the model is loaded on.
 #[derive(Debug, Clone)]
@@ -88,35 +87,61 @@ pub struct ModelDrafter {
     engine: &'static str,
 }
 
+/// Where the draft model runs (`--draft-device`: `cpu`, `cuda`, `cuda:N`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DeviceSpec {
+pub enum DraftDevice {
     Cpu,
     Cuda(usize),
 }
 
-fn parse_device(s: &str) -> Result<DeviceSpec, DraftError> {
-    let s = s.trim();
-    match s {
-        "cpu" => Ok(DeviceSpec::Cpu),
-        "cuda" | "gpu" => Ok(DeviceSpec::Cuda(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(DeviceSpec::Cuda)
-            .ok_or_else(|| {
-                DraftError::Model(format!("invalid draft device `{s}` (cpu, cuda, cuda:N)"))
-            }),
+impl std::str::FromStr for DraftDevice {
+    type Err = DraftError;
+    fn from_str(s: &str) -> Result<Self, DraftError> {
+        let s = s.trim();
+        match s {
+            "cpu" => Ok(DraftDevice::Cpu),
+            "cuda" | "gpu" => Ok(DraftDevice::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DraftDevice::Cuda)
+                .ok_or_else(|| {
+                    DraftError::Model(format!("invalid draft device `{s}` (cpu, cuda, cuda:N)"))
+                }),
+        }
     }
 }
 
-fn parse_dtype(s: &str) -> Result<DType, DraftError> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "f32" | "float32" | "float" => Ok(DType::F32),
-        "bf16" | "bfloat16" => Ok(DType::BF16),
-        "f16" | "float16" | "half" => Ok(DType::F16),
-        other => Err(DraftError::Model(format!(
-            "invalid draft dtype `{other}` (f32, bf16, f16)"
-        ))),
+/// The draft model's weights dtype (`--draft-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl std::str::FromStr for DraftDtype {
+    type Err = DraftError;
+    fn from_str(s: &str) -> Result<Self, DraftError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" | "float32" | "float" => Ok(DraftDtype::F32),
+            "bf16" | "bfloat16" => Ok(DraftDtype::Bf16),
+            "f16" | "float16" | "half" => Ok(DraftDtype::F16),
+            other => Err(DraftError::Model(format!(
+                "invalid draft dtype `{other}` (f32, bf16, f16)"
+            ))),
+        }
+    }
+}
+
+impl DraftDtype {
+    /// The dtype given, else f32 on the CPU and bf16 on CUDA.
+    pub fn resolve(dtype: Option<DraftDtype>, device: DraftDevice) -> DType {
+        match (dtype, device) {
+            (Some(DraftDtype::F32), _) | (None, DraftDevice::Cpu) => DType::F32,
+            (Some(DraftDtype::Bf16), _) | (None, DraftDevice::Cuda(_)) => DType::BF16,
+            (Some(DraftDtype::F16), _) => DType::F16,
+        }
     }
 }
 
@@ -124,23 +149,19 @@ impl ModelDrafter {
     /// Load a Hugging Face model directory on `device` (`cpu`, `cuda`, `cuda:N`).
     /// `dtype` defaults to f32 on the CPU and bf16 on CUDA.
     pub fn load(dir: &Path, device: &str, dtype: Option<&str>) -> Result<Self, DraftError> {
-        Self::load_with(dir, device, dtype, DrafterOptions::default())
+        let dtype = dtype.map(str::parse).transpose()?;
+        Self::load_with(dir, device.parse()?, dtype, DrafterOptions::default())
     }
 
     pub fn load_with(
         dir: &Path,
-        device: &str,
-        dtype: Option<&str>,
+        spec: DraftDevice,
+        dtype: Option<DraftDtype>,
         opts: DrafterOptions,
     ) -> Result<Self, DraftError> {
-        let spec = parse_device(device)?;
-        let dtype = match (dtype, spec) {
-            (Some(d), _) => parse_dtype(d)?,
-            (None, DeviceSpec::Cpu) => DType::F32,
-            (None, DeviceSpec::Cuda(_)) => DType::BF16,
-        };
+        let dtype = DraftDtype::resolve(dtype, spec);
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
-        let gpu = spec != DeviceSpec::Cpu;
+        let gpu = spec != DraftDevice::Cpu;
         let max_len = opts
             .max_len
             .unwrap_or(4096)
@@ -270,7 +291,7 @@ impl ModelDrafter {
 fn build_engine(
     dir: &Path,
     cfg: &ModelConfig,
-    spec: DeviceSpec,
+    spec: DraftDevice,
     dtype: DType,
     opts: &DrafterOptions,
     max_slots: usize,
@@ -279,8 +300,8 @@ fn build_engine(
 ) -> Result<Box<dyn Engine>, DraftError> {
     let weights = weights::Weights::open(dir)?;
     let device = match spec {
-        DeviceSpec::Cpu => Device::Cpu,
-        DeviceSpec::Cuda(n) => {
+        DraftDevice::Cpu => Device::Cpu,
+        DraftDevice::Cuda(n) => {
             #[cfg(feature = "cuda")]
             if dtype != DType::F32 && !opts.force_candle {
                 let engine = cuda::CudaEngine::load(cuda::CudaLoad {
@@ -325,8 +346,8 @@ impl Drop for ModelDrafter {
 }
 
 impl Drafter for ModelDrafter {
-    fn name(&self) -> &'static str {
-        "model"
+    fn kind(&self) -> DrafterKind {
+        DrafterKind::Model
     }
 
     fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>> {

@@ -116,7 +116,7 @@ pub(crate) fn write_tiny(name: &str, family: Family) -> PathBuf {
 fn load(dir: &Path, step_tokens: Option<usize>) -> ModelDrafter {
     ModelDrafter::load_with(
         dir,
-        "cpu",
+        DraftDevice::Cpu,
         None,
         DrafterOptions {
             max_streams: Some(4),
@@ -230,7 +230,7 @@ async fn edge_requests() {
     let dir = write_tiny("edge", Family::Llama);
     let d = ModelDrafter::load_with(
         &dir,
-        "cpu",
+        DraftDevice::Cpu,
         None,
         DrafterOptions {
             max_streams: Some(1),

@@ -38,6 +38,7 @@ use super::verify::{
 use super::vllm::async_stream_samples;
 use super::Upstream;
 use crate::error::ApiError;
+use crate::metrics::labels::PassthroughReason;
 
 /// Sampling values from the model's `generation_config.json`, which SGLang's chat route
 /// uses for fields the request leaves unset (`--sampling-defaults model`, its default).
@@ -176,12 +177,12 @@ impl SglangBackend {
         chat: bool,
         body: &Map<String, Value>,
         s: &mut Sampling,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), PassthroughReason> {
         if SGLANG_ONLY_FIELDS.iter().any(|k| {
             body.get(*k)
                 .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
         }) {
-            return Err("unsupported_param");
+            return Err(PassthroughReason::UnsupportedParam);
         }
         // `base:adapter` selects a LoRA adapter on SGLang's OpenAI routes.
         if body
@@ -189,10 +190,10 @@ impl SglangBackend {
             .and_then(Value::as_str)
             .is_some_and(|m| m.contains(':'))
         {
-            return Err("lora");
+            return Err(PassthroughReason::Lora);
         }
         if chat && self.settings.chat_parsers {
-            return Err("chat_parsers");
+            return Err(PassthroughReason::ChatParsers);
         }
         let none = ModelDefaults::default();
         let d = if chat && self.settings.model_sampling_defaults {
@@ -202,7 +203,7 @@ impl SglangBackend {
         };
         let user_penalty = body.get("repetition_penalty").is_some_and(|v| !v.is_null());
         if !user_penalty && d.repetition_penalty.is_some_and(|p| p != 1.0) {
-            return Err("penalty");
+            return Err(PassthroughReason::Penalty);
         }
         s.temperature = Some(s.temperature.or(d.temperature).unwrap_or(1.0));
         s.top_p = Some(s.top_p.or(d.top_p).unwrap_or(1.0));
@@ -515,7 +516,7 @@ impl Backend for SglangBackend {
         chat: bool,
         body: &Map<String, Value>,
         sampling: &mut Sampling,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), PassthroughReason> {
         self.prepare_sampling(chat, body, sampling)
     }
     fn screen(&self, body: &Map<String, Value>) -> Result<(), ApiError> {

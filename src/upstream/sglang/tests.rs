@@ -65,7 +65,7 @@ fn what_specd_cannot_reproduce_passes_through() {
     let mut s = Sampling::default();
     assert_eq!(
         b.prepare_sampling(true, &Map::new(), &mut s),
-        Err("penalty")
+        Err(PassthroughReason::Penalty)
     );
     // The client's own neutral value wins over the model's, and completions ignore it.
     let neutral = obj(json!({"repetition_penalty": 1.0}));
@@ -78,7 +78,7 @@ fn what_specd_cannot_reproduce_passes_through() {
     ] {
         assert_eq!(
             b.prepare_sampling(false, &obj(body), &mut s),
-            Err("unsupported_param")
+            Err(PassthroughReason::UnsupportedParam)
         );
     }
     assert!(b
@@ -86,7 +86,7 @@ fn what_specd_cannot_reproduce_passes_through() {
         .is_ok());
     assert_eq!(
         b.prepare_sampling(false, &obj(json!({"model": "m:adapter"})), &mut s),
-        Err("lora")
+        Err(PassthroughReason::Lora)
     );
     let parsers = SglangSettings {
         chat_parsers: true,
@@ -95,7 +95,7 @@ fn what_specd_cannot_reproduce_passes_through() {
     let b = backend(parsers, ModelDefaults::default());
     assert_eq!(
         b.prepare_sampling(true, &Map::new(), &mut s),
-        Err("chat_parsers")
+        Err(PassthroughReason::ChatParsers)
     );
 }
 

@@ -1,0 +1,35 @@
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// specd's benchmarks (tooling, not part of the proxy).
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Replay workloads against specd and its upstream and report what speculation buys.
+    Replay(specd_bench::replay::BenchArgs),
+    /// The controller's field scenarios through specd against specd-sim: plain, static K
+    /// and auto, side by side.
+    Scenarios(specd_bench::scenarios::BenchArgs),
+    /// Time and memory of the suffix drafter's proposals.
+    Suffix(specd_bench::suffix::SuffixBenchArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_env("SPECD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Replay(args) => specd_bench::replay::run(args).await,
+        Cmd::Scenarios(args) => specd_bench::scenarios::run(args).await,
+        Cmd::Suffix(args) => specd_bench::suffix::run(args),
+    }
+}

@@ -1,0 +1,544 @@
+//! The controller benchmark: scenarios replayed side by side — plain decoding (specd with
+//! speculation off), static K, and `auto` — each mode behind its own specd process, trials
+//! interleaved (the order of modes rotates every repeat) so drift hits all modes alike.
+//! Reports tokens/s per stream. With `--upstream` it runs text workloads against a real
+//! server instead of the sim's oracle scenarios.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::future::join_all;
+use serde_json::{json, Value};
+
+use specd_sim::server::{self, ServeArgs};
+use specd_sim::{continuation, corrupt, SimConfig};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Benchmark this running server (e.g. the real vLLM) with text workloads instead of
+    /// the sim with oracle scenarios.
+    #[arg(long)]
+    pub upstream: Option<String>,
+    /// Tokenizer directory for the sim (default ~/.cache/specd/models/target).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// specd binary (default: next to this one).
+    #[arg(long)]
+    pub specd: Option<PathBuf>,
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub concurrency: Vec<usize>,
+    /// Measured trials per mode (after one warm-up trial).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Tokens generated per stream.
+    #[arg(long, default_value_t = 192)]
+    pub tokens: u32,
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    pub static_k: Vec<usize>,
+    /// K cap for `auto`.
+    #[arg(long, default_value_t = 8)]
+    pub auto_k: usize,
+    /// Drafter for text workloads (the sim scenarios use the oracle).
+    #[arg(long, default_value = "suffix")]
+    pub drafter: String,
+    /// Only these scenarios (comma-separated names).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Add a mode `watched`: `auto` on a specd that runs every request through its loop
+    /// (`--controller-watch-every 1`), to compare with `auto`'s passthrough of requests
+    /// where speculation is not paying.
+    #[arg(long)]
+    pub with_watched: bool,
+    #[command(flatten)]
+    pub cost: SimConfig,
+}
+
+#[derive(Clone, Copy)]
+enum Work {
+    /// Oracle drafts kept with probability `keep(position)`.
+    Oracle(fn(usize) -> f64),
+    Repetitive,
+    OpenEnded,
+}
+
+struct Scenario {
+    name: &'static str,
+    what: &'static str,
+    work: Work,
+}
+
+fn sim_scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "accept-1.5",
+            what: "p=0.335 per position (1.5 tokens/round at K=4)",
+            work: Work::Oracle(|_| 0.335),
+        },
+        Scenario {
+            name: "accept-2.0",
+            what: "p=0.519 per position (2.0 tokens/round at K=4)",
+            work: Work::Oracle(|_| 0.519),
+        },
+        Scenario {
+            name: "accept-3.4",
+            what: "p=0.805 per position (3.4 tokens/round at K=4)",
+            work: Work::Oracle(|_| 0.805),
+        },
+        Scenario {
+            name: "mixed",
+            what: "64-token phases alternating p=0.9 and p=0.1",
+            work: Work::Oracle(|i| if (i / 64) % 2 == 0 { 0.9 } else { 0.1 }),
+        },
+    ]
+}
+
+fn text_scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "repetitive",
+            what: "code-like prompts with repeated lines",
+            work: Work::Repetitive,
+        },
+        Scenario {
+            name: "open-ended",
+            what: "prose from shuffled words",
+            work: Work::OpenEnded,
+        },
+    ]
+}
+
+#[derive(Clone)]
+struct Mode {
+    label: String,
+    spec: Value,
+    /// Extra flags of this mode's specd.
+    args: Vec<String>,
+}
+
+fn modes(a: &BenchArgs, drafter: &str) -> Vec<Mode> {
+    let mut v = vec![Mode {
+        label: "plain".into(),
+        spec: json!("off"),
+        args: vec![],
+    }];
+    for &k in &a.static_k {
+        v.push(Mode {
+            label: format!("K={k}"),
+            spec: json!({"mode": "on", "max_draft_tokens": k, "drafter": drafter}),
+            args: vec![],
+        });
+    }
+    let auto = json!({"mode": "auto", "max_draft_tokens": a.auto_k, "drafter": drafter});
+    if a.with_watched {
+        v.push(Mode {
+            label: "watched".into(),
+            spec: auto.clone(),
+            args: vec!["--controller-watch-every".into(), "1".into()],
+        });
+    }
+    v.push(Mode {
+        label: "auto".into(),
+        spec: auto,
+        args: vec![],
+    });
+    v
+}
+
+struct Specd {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Specd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_specd(bin: &PathBuf, upstream: &str, extra: &[String]) -> anyhow::Result<Specd> {
+    let mut child = Command::new(bin)
+        .args([
+            "serve",
+            "--upstream",
+            upstream,
+            "--listen",
+            "127.0.0.1:0",
+            "--health-interval",
+            "0.2",
+        ])
+        .args(extra)
+        .env(
+            "SPECD_LOG",
+            std::env::var("SPECD_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let stderr = child.stderr.take().context("specd stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                let _ = tx.send(addr.trim().to_string());
+            } else if std::env::var("SPECD_BENCH_VERBOSE").is_ok() {
+                eprintln!("[specd] {line}");
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(30))
+        .context("specd did not start")?;
+    Ok(Specd { child, url })
+}
+
+async fn wait_ready(c: &reqwest::Client, url: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(r) = c.get(format!("{url}/readyz")).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("specd at {url} not ready")
+}
+
+const WORDS: &[&str] = &[
+    "the",
+    "proxy",
+    "verifies",
+    "draft",
+    "tokens",
+    "against",
+    "a",
+    "large",
+    "model",
+    "while",
+    "clients",
+    "stream",
+    "answers",
+    "from",
+    "server",
+    "in",
+    "front",
+    "of",
+    "many",
+    "GPUs",
+    "speculation",
+    "pays",
+    "only",
+    "when",
+    "accepted",
+    "river",
+    "stone",
+    "light",
+    "window",
+];
+
+/// The request body of stream `i` in repeat `r` (same for every mode).
+fn body(sc: &Scenario, model: &str, tokens: u32, r: usize, i: usize, vocab: u32) -> Value {
+    let seed = (r as u64) << 32 | i as u64;
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
+    match sc.work {
+        Work::Oracle(keep) => {
+            let len = 120 + rng.usize(0..120);
+            let prompt: Vec<u32> = (0..len).map(|_| rng.u32(4..vocab)).collect();
+            let truth = continuation(&prompt, tokens as usize, vocab);
+            let drafts = corrupt(&truth, keep, seed, vocab);
+            json!({"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                   "speculation": {"drafter": "oracle", "oracle_tokens": drafts}})
+        }
+        Work::Repetitive => {
+            let line = format!(
+                "    total += values[{}] * weight_{}\n",
+                rng.usize(0..9),
+                rng.usize(0..5)
+            );
+            let prompt = format!(
+                "def accumulate_{r}_{i}(values, weight):\n    total = 0\n{}",
+                line.repeat(3 + rng.usize(0..4))
+            );
+            json!({"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": true})
+        }
+        Work::OpenEnded => {
+            let text: Vec<&str> = (0..20 + rng.usize(0..30))
+                .map(|_| WORDS[rng.usize(..WORDS.len())])
+                .collect();
+            json!({"model": model, "prompt": format!("Story {r}-{i}: {}", text.join(" ")), "max_tokens": tokens, "temperature": 0, "ignore_eos": true})
+        }
+    }
+}
+
+#[derive(Default, Clone, serde::Serialize)]
+struct Sample {
+    tps: Vec<f64>,
+    rounds: u64,
+    accepted: u64,
+    relay_tokens: u64,
+    /// Tokens of `auto` requests that specd passed through untouched.
+    passed_tokens: u64,
+    tokens: u64,
+    /// CPU time of the mode's specd process during its trials.
+    cpu_s: f64,
+}
+
+/// CPU seconds used so far by all threads of a process (Linux: per-thread schedstat, in
+/// nanoseconds; threads that exited are not counted, tokio's workers live as long as specd).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let s = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        ns += s
+            .split_whitespace()
+            .next()
+            .and_then(|x| x.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(ns as f64 * 1e-9)
+}
+
+async fn trial(
+    c: &reqwest::Client,
+    url: &str,
+    bodies: &[Value],
+    mode: &Mode,
+    s: &mut Sample,
+) -> anyhow::Result<()> {
+    let calls = bodies.iter().map(|b| {
+        let mut b = b.clone();
+        let mut spec = mode.spec.clone();
+        if let (Some(o), Some(extra)) = (
+            spec.as_object_mut(),
+            b.get("speculation").and_then(Value::as_object),
+        ) {
+            for (k, v) in extra {
+                o.entry(k.clone()).or_insert(v.clone());
+            }
+        }
+        b["speculation"] = spec;
+        async move {
+            let t = Instant::now();
+            let r = c
+                .post(format!("{url}/v1/completions"))
+                .json(&b)
+                .send()
+                .await?;
+            let status = r.status();
+            let v: Value = r.json().await?;
+            anyhow::ensure!(status.is_success(), "HTTP {status}: {v}");
+            Ok::<_, anyhow::Error>((t.elapsed(), v))
+        }
+    });
+    for r in join_all(calls).await {
+        let (dt, v) = r?;
+        let n = v
+            .pointer("/usage/completion_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        s.tps.push(n as f64 / dt.as_secs_f64());
+        s.tokens += n;
+        let sp = |k: &str| {
+            v.pointer(&format!("/usage/speculation/{k}"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
+        if std::env::var_os("SPECD_BENCH_VERBOSE").is_some() {
+            eprintln!(
+                "   {:.0} ms {}",
+                dt.as_secs_f64() * 1e3,
+                v.pointer("/usage/speculation").unwrap_or(&Value::Null)
+            );
+        }
+        s.rounds += sp("rounds");
+        s.accepted += sp("accepted_tokens");
+        s.relay_tokens += sp("relay_tokens");
+        if mode.spec["mode"] == "auto" && v.pointer("/usage/speculation").is_none() {
+            s.passed_tokens += n;
+        }
+    }
+    Ok(())
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let bin = match &a.specd {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("specd"),
+    };
+    let tokenizer = a
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| specd::config::cache_dir().join("models/target"));
+    let (upstream, scenarios, drafter, _sim) = match &a.upstream {
+        Some(u) => (u.clone(), text_scenarios(), a.drafter.clone(), None),
+        None => {
+            let (addr, task) = server::start(ServeArgs {
+                listen: "127.0.0.1:0".parse()?,
+                tokenizer: tokenizer.clone(),
+                model: "specd-sim".into(),
+                cost: a.cost.clone(),
+            })
+            .await?;
+            (
+                format!("http://{addr}"),
+                sim_scenarios(),
+                "oracle".to_string(),
+                Some(task),
+            )
+        }
+    };
+    let c = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .pool_idle_timeout(Duration::from_secs(3))
+        .timeout(Duration::from_secs(600))
+        .build()?;
+    let info: Value = c
+        .get(format!("{upstream}/v1/models"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let model = info
+        .pointer("/data/0/id")
+        .and_then(Value::as_str)
+        .context("upstream serves no model")?
+        .to_string();
+    let modes = modes(&a, &drafter);
+    let mut rows = Vec::new();
+    for sc in scenarios
+        .iter()
+        .filter(|s| a.only.is_empty() || a.only.iter().any(|o| o == s.name))
+    {
+        eprintln!("== {} ({})", sc.name, sc.what);
+        // One specd per mode: each learns only from its own traffic, and draft stores never
+        // hold another mode's output for the same prompt.
+        let mut extra = vec!["--enable-test-drafters".to_string()];
+        if a.upstream.is_none() {
+            extra.extend(["--tokenizer".into(), tokenizer.display().to_string()]);
+        }
+        let mut procs = Vec::new();
+        for m in &modes {
+            let args: Vec<String> = extra.iter().chain(&m.args).cloned().collect();
+            procs.push(start_specd(&bin, &upstream, &args)?);
+        }
+        for p in &procs {
+            wait_ready(&c, &p.url).await?;
+        }
+        for &conc in &a.concurrency {
+            let mut samples = vec![Sample::default(); modes.len()];
+            for r in 0..=a.repeats {
+                let bodies: Vec<Value> = (0..conc)
+                    .map(|i| body(sc, &model, a.tokens, r + conc * 1000, i, a.cost.vocab))
+                    .collect();
+                for j in 0..modes.len() {
+                    let m = (j + r) % modes.len();
+                    let mut s = Sample::default();
+                    let pid = procs[m].child.id();
+                    let cpu0 = cpu_seconds(pid);
+                    trial(&c, &procs[m].url, &bodies, &modes[m], &mut s).await?;
+                    if let (Some(a), Some(b)) = (cpu0, cpu_seconds(pid)) {
+                        s.cpu_s = b - a;
+                    }
+                    eprintln!(
+                        "   streams={conc} repeat={r} {:>6}: {:7.1} tok/s per stream{}",
+                        modes[m].label,
+                        mean(&s.tps),
+                        if r == 0 { " (warm-up)" } else { "" }
+                    );
+                    if r > 0 {
+                        let t = &mut samples[m];
+                        t.tps.extend(&s.tps);
+                        t.rounds += s.rounds;
+                        t.accepted += s.accepted;
+                        t.relay_tokens += s.relay_tokens;
+                        t.passed_tokens += s.passed_tokens;
+                        t.tokens += s.tokens;
+                        t.cpu_s += s.cpu_s;
+                    }
+                }
+            }
+            rows.push((sc.name, conc, samples));
+        }
+    }
+    print_table(&modes, &rows);
+    if let Some(p) = &a.json {
+        let v: Vec<Value> = rows.iter().map(|(n, c, s)| json!({"scenario": n, "streams": c,
+            "modes": modes.iter().zip(s).map(|(m, s)| json!({"mode": m.label, "tokens_per_s_per_stream": mean(&s.tps), "samples": s})).collect::<Vec<_>>()})).collect();
+        std::fs::write(p, serde_json::to_string_pretty(&v)?)?;
+    }
+    Ok(())
+}
+
+fn print_table(modes: &[Mode], rows: &[(&str, usize, Vec<Sample>)]) {
+    let mut head = format!("| {:<11} | {:>7} |", "scenario", "streams");
+    for m in modes {
+        head.push_str(&format!(" {:>7} |", m.label));
+    }
+    head.push_str(" auto/best | auto/plain | tok/round K=4 | auto relay % | auto passed % |");
+    println!("\ntokens/s per stream (mean over streams and repeats)\n");
+    println!("{head}");
+    println!("|{}", "---|".repeat(modes.len() + 7));
+    for (name, conc, s) in rows {
+        let tps: Vec<f64> = s.iter().map(|x| mean(&x.tps)).collect();
+        let auto = tps.last().copied().unwrap_or(0.0);
+        // The best of plain decoding and the static K.
+        let best = modes
+            .iter()
+            .zip(&tps)
+            .filter(|(m, _)| m.label == "plain" || m.label.starts_with("K="))
+            .map(|(_, t)| *t)
+            .fold(0.0, f64::max);
+        let plain = tps.first().copied().unwrap_or(0.0);
+        let mut line = format!("| {name:<11} | {conc:>7} |");
+        for t in &tps {
+            line.push_str(&format!(" {t:>7.1} |"));
+        }
+        let k4 = modes.iter().position(|m| m.label == "K=4").map(|i| &s[i]);
+        let per_round = k4.filter(|x| x.rounds > 0).map_or(f64::NAN, |x| {
+            (x.accepted + x.rounds) as f64 / x.rounds as f64
+        });
+        let a = s.last().cloned().unwrap_or_default();
+        let relay = 100.0 * a.relay_tokens as f64 / a.tokens.max(1) as f64;
+        let passed = 100.0 * a.passed_tokens as f64 / a.tokens.max(1) as f64;
+        line.push_str(&format!(
+            " {:>9.2} | {:>10.2} | {per_round:>13.2} | {relay:>12.0} | {passed:>13.0} |",
+            auto / best.max(1e-9),
+            auto / plain.max(1e-9)
+        ));
+        println!("{line}");
+    }
+    let mut head = format!("| {:<11} | {:>7} |", "scenario", "streams");
+    for m in modes {
+        head.push_str(&format!(" {:>7} |", m.label));
+    }
+    println!("\nspecd CPU time per token, µs (all threads of each mode's specd)\n");
+    println!("{head}");
+    println!("|{}", "---|".repeat(modes.len() + 2));
+    for (name, conc, s) in rows {
+        let mut line = format!("| {name:<11} | {conc:>7} |");
+        for x in s {
+            line.push_str(&format!(
+                " {:>7.1} |",
+                1e6 * x.cpu_s / x.tokens.max(1) as f64
+            ));
+        }
+        println!("{line}");
+    }
+}

@@ -1,0 +1,422 @@
+use super::*;
+
+fn ctl() -> Arc<Controller> {
+    Arc::new(Controller::new(
+        ControllerConfig {
+            probe_interval: Duration::from_secs(3600),
+            explore: 0.0,
+            watch_every: 1,
+        },
+        None,
+    ))
+}
+
+fn ms(x: f64) -> Duration {
+    Duration::from_secs_f64(x / 1000.0)
+}
+
+fn proposal(k: usize, conf: f32) -> Proposal {
+    Proposal {
+        tokens: (0..k as u32).collect(),
+        confidence: vec![conf; k],
+    }
+}
+
+/// The field figures: 12.1 ms per decoded token, ≈30 ms per verify, growing with K.
+fn field(c: &Controller) {
+    for _ in 0..20 {
+        c.record_decode(1, 0.0121);
+        c.record_relay_start(1, ms(31.0));
+        for k in [0, 2, 4, 8] {
+            c.record_verify(k, 1, ms(29.5 + 0.6 * k as f64));
+        }
+    }
+}
+
+/// Teach the stream an acceptance rate `p` (conditional, every position).
+fn teach(c: &Controller, s: &mut StreamCtl, p: f64, conf: f32) {
+    let mut rng = fastrand::Rng::with_seed(3);
+    for _ in 0..400 {
+        let n = (0..8).take_while(|_| rng.f64() < p).count();
+        c.observe_acceptance(s, DrafterKind::Oracle, &[conf; 8], n);
+    }
+}
+
+#[test]
+fn expected_tokens_is_one_plus_cumulative_products() {
+    assert_eq!(expected_tokens(&[], 0), 1.0);
+    assert!((expected_tokens(&[0.5, 0.5, 0.5], 3) - 1.875).abs() < 1e-12);
+    assert!((expected_tokens(&[0.5, 0.5, 0.5], 1) - 1.5).abs() < 1e-12);
+    assert!((expected_tokens(&[1.0; 4], 4) - 5.0).abs() < 1e-12);
+}
+
+#[test]
+fn verify_cost_is_interpolated_and_extrapolated() {
+    let mut l = Level::default();
+    assert_eq!(l.ver_at(3), None);
+    l.ver[2].add(0.030, 0.1);
+    // One point: a mild 3 % per token slope, never below half.
+    assert!((l.ver_at(4).unwrap_or(0.0) - 0.030 * 1.06).abs() < 1e-9);
+    l.ver[6].add(0.034, 0.1);
+    assert!((l.ver_at(4).unwrap_or(0.0) - 0.032).abs() < 1e-9);
+    assert!((l.ver_at(8).unwrap_or(0.0) - 0.036).abs() < 1e-9);
+    assert!((l.ver_at(0).unwrap_or(0.0) - 0.028).abs() < 1e-9);
+}
+
+#[test]
+fn speculates_when_it_pays_and_relays_when_not() {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let mut good = StreamCtl::new(true, 1);
+    teach(&c, &mut good, 0.95, 0.5);
+    // 0.95 per position: E(8) ≈ 7.4 tokens per ~34 ms against 12.1 ms per token.
+    assert_eq!(
+        c.plan_round(
+            &mut good,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(8, 0.5),
+            100
+        ),
+        Decision::Speculate(8)
+    );
+    // Short chain of accept length ~2.0: a loss on this server, so relay.
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let mut meh = StreamCtl::new(true, 2);
+    teach(&c, &mut meh, 0.52, 0.5);
+    assert_eq!(
+        c.plan_round(
+            &mut meh,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(4, 0.5),
+            100
+        ),
+        Decision::Relay { probe: false }
+    );
+    // `on` verifies what was proposed; seeded sampling may not relay and picks K (0 allowed).
+    assert_eq!(
+        c.plan_round(
+            &mut meh,
+            SpecMode::On,
+            DrafterKind::Oracle,
+            &proposal(4, 0.5),
+            100
+        ),
+        Decision::Speculate(4)
+    );
+    let mut seeded = StreamCtl::new(false, 3);
+    teach(&c, &mut seeded, 0.0, 0.5);
+    assert_eq!(
+        c.plan_round(
+            &mut seeded,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(4, 0.5),
+            100
+        ),
+        Decision::Speculate(0)
+    );
+}
+
+#[test]
+fn the_stream_residual_tracks_changes_quickly() {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.1, 0.5);
+    assert!(matches!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(8, 0.5),
+            100
+        ),
+        Decision::Relay { .. }
+    ));
+    // The stream now accepts everything: a few observations turn the decision around.
+    for _ in 0..3 {
+        c.observe_acceptance(&mut s, DrafterKind::Oracle, &[0.5; 8], 8);
+    }
+    assert_eq!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(8, 0.5),
+            100
+        ),
+        Decision::Speculate(8)
+    );
+}
+
+#[test]
+fn confidence_is_calibrated_per_drafter() {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    // This drafter's 0.9-confidence tokens are always right, its 0.2 ones never.
+    let mut s = StreamCtl::new(true, 1);
+    for _ in 0..200 {
+        c.observe_acceptance(&mut s, DrafterKind::Suffix, &[0.9, 0.9, 0.9, 0.2], 3);
+    }
+    let hi = c.acceptance(&StreamCtl::new(true, 2), DrafterKind::Suffix, &[0.95]);
+    let lo = c.acceptance(
+        &StreamCtl::new(true, 2),
+        DrafterKind::Suffix,
+        &[0.25, 0.25, 0.25, 0.25],
+    );
+    assert!(hi[0] > 0.95, "{hi:?}");
+    assert!(lo[3] < 0.1, "{lo:?}");
+    // Other drafters are not affected.
+    let other = c.acceptance(&StreamCtl::new(true, 2), DrafterKind::Ngram, &[0.2]);
+    assert!((other[0] - 0.2).abs() < 1e-6);
+}
+
+#[test]
+fn the_loss_imposed_on_decoding_streams_is_charged() {
+    let c = ctl();
+    // 16 streams: decoding costs 13.6 ms, one verify in the batch ≈ 36 ms.
+    for _ in 0..20 {
+        c.record_decode(16, 0.0136);
+        c.record_relay_start(16, ms(36.0));
+        for k in [2, 4, 8] {
+            c.record_verify(k, 1, ms(31.0 + 0.7 * k as f64));
+        }
+    }
+    let guards: Vec<_> = (0..16).map(|_| c.enter()).collect();
+    let relays: Vec<_> = (0..15).map(|_| c.relaying()).collect();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.8, 0.5);
+    // Alone it would pay (E(8) ≈ 4.4 per ~37 ms vs 13.6 ms), but 15 decoding streams
+    // would each lose ~23 ms per verify step.
+    assert_eq!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(8, 0.5),
+            100
+        ),
+        Decision::Relay { probe: false }
+    );
+    drop(relays);
+    assert!(matches!(
+        c.plan_round(&mut s, SpecMode::Auto, DrafterKind::Oracle, &proposal(8, 0.5), 100),
+        Decision::Speculate(k) if k >= 4
+    ));
+    drop(guards);
+}
+
+#[test]
+fn cold_start_measures_verify_then_decode() {
+    let c = ctl();
+    let _me = c.enter();
+    let mut s = StreamCtl::new(true, 1);
+    // Nothing known: verify what there is, relay when there is nothing.
+    assert_eq!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Ngram,
+            &proposal(3, 0.5),
+            100
+        ),
+        Decision::Speculate(3)
+    );
+    assert_eq!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Ngram,
+            &proposal(0, 0.5),
+            100
+        ),
+        Decision::Relay { probe: false }
+    );
+    // Verify cost known, decode cost not: one stream probes plain decoding.
+    c.record_verify(3, 1, ms(30.0));
+    assert_eq!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Ngram,
+            &proposal(3, 0.5),
+            100
+        ),
+        Decision::Relay { probe: true }
+    );
+    assert_eq!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Ngram,
+            &proposal(3, 0.5),
+            100
+        ),
+        Decision::Relay { probe: false },
+        "the probe is claimed once per interval; without a decode cost the others relay"
+    );
+    // A seeded sampled stream may not relay: it verifies.
+    let mut seeded = StreamCtl::new(false, 2);
+    assert_eq!(
+        c.plan_round(
+            &mut seeded,
+            SpecMode::Auto,
+            DrafterKind::Ngram,
+            &proposal(3, 0.5),
+            100
+        ),
+        Decision::Speculate(3)
+    );
+}
+
+#[test]
+fn resume_needs_the_saving_to_cover_the_switch() {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let _r = c.relaying();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.98, 0.5);
+    assert_eq!(
+        c.plan_resume(&mut s, DrafterKind::Oracle, &proposal(8, 0.5), 100),
+        Some(8)
+    );
+    assert_eq!(
+        c.plan_resume(&mut s, DrafterKind::Oracle, &proposal(0, 0.5), 100),
+        None
+    );
+    let mut weak = StreamCtl::new(true, 2);
+    teach(&c, &mut weak, 0.3, 0.5);
+    assert_eq!(
+        c.plan_resume(&mut weak, DrafterKind::Oracle, &proposal(8, 0.5), 100),
+        None
+    );
+}
+
+#[test]
+fn no_relay_restart_for_the_last_few_tokens() {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.52, 0.5);
+    assert_eq!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(1, 0.5),
+            2
+        ),
+        Decision::Speculate(1)
+    );
+    assert_eq!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(1, 0.5),
+            100
+        ),
+        Decision::Relay { probe: false }
+    );
+}
+
+#[test]
+fn clients_that_bypass_specd_count_as_decoding_streams() {
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r = running.clone();
+    let c = Arc::new(
+        Controller::new(
+            ControllerConfig {
+                probe_interval: Duration::from_secs(3600),
+                explore: 0.0,
+                watch_every: 1,
+            },
+            None,
+        )
+        .with_upstream_running(Box::new(move || {
+            Some((
+                r.load(std::sync::atomic::Ordering::Relaxed) as f64,
+                Instant::now(),
+            ))
+        })),
+    );
+    for _ in 0..20 {
+        c.record_decode(1, 0.0121);
+        c.record_relay_start(1, ms(31.0));
+        for k in [2, 4, 8] {
+            c.record_verify(k, 1, ms(31.0 + 0.7 * k as f64));
+        }
+    }
+    let _me = c.enter();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.8, 0.5);
+    let plan = |s: &mut StreamCtl| {
+        c.plan_round(
+            s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(8, 0.5),
+            100,
+        )
+    };
+    // The upstream counts only this stream's own verify prompts: no one else decodes.
+    running.store(9, std::sync::atomic::Ordering::Relaxed);
+    {
+        let _v = c.verifying(9);
+    }
+    assert!(matches!(plan(&mut s), Decision::Speculate(_)));
+    // Fifteen more requests from elsewhere: a verify pass would slow all of them.
+    running.store(24, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(plan(&mut s), Decision::Relay { probe: false });
+}
+
+#[test]
+fn an_old_verify_cost_is_trusted_less_and_less() {
+    let c = Arc::new(Controller::new(
+        ControllerConfig {
+            probe_interval: Duration::from_secs(10),
+            explore: 0.0,
+            watch_every: 1,
+        },
+        None,
+    ));
+    // Verify rounds measured in a load spike: 200 ms, where 8 good drafts are worth
+    // about 100 ms of plain decoding.
+    for _ in 0..20 {
+        c.record_decode(1, 0.0121);
+        c.record_relay_start(1, ms(31.0));
+        for k in [0, 2, 4, 8] {
+            c.record_verify(k, 1, ms(200.0));
+        }
+    }
+    let _me = c.enter();
+    let _r = c.relaying();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.98, 0.5);
+    let measured_ago = |intervals: u64| {
+        let at = Instant::now().checked_sub(Duration::from_secs(10 * intervals) + ms(1.0));
+        if let Ok(mut g) = c.levels.lock() {
+            for e in g.iter_mut().flat_map(|l| l.ver.iter_mut()) {
+                if e.at.is_some() {
+                    e.at = at;
+                }
+            }
+        }
+    };
+    let mut resume = || c.plan_resume(&mut s, DrafterKind::Oracle, &proposal(8, 0.5), 100);
+    assert_eq!(resume(), None, "fresh: the round does not pay");
+    measured_ago(1);
+    assert_eq!(resume(), None, "one interval old: still trusted enough");
+    measured_ago(8);
+    assert_eq!(resume(), Some(8), "eight intervals old: re-measured");
+    assert_eq!(resume(), None, "one probe per interval");
+}

@@ -1,0 +1,318 @@
+//! The loop against an in-memory upstream whose next token is `specd_sim::next_token`: switching
+//! between relay and speculation keeps the output exact, overlap is used only when right,
+//! and seeded sampled requests never relay.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::future::{ready, BoxFuture};
+use futures_util::{FutureExt, StreamExt};
+use serde_json::{Map, Value};
+
+use super::*;
+use crate::draft::{DraftError, DrafterKind};
+use crate::upstream::verify::{RelayRequest, SampleStream, Tokenized};
+use specd_sim::{continuation, next_token};
+
+const VOCAB: u32 = 64;
+
+struct Mock {
+    verify_delay: Duration,
+    token_delay: Duration,
+    relays: AtomicUsize,
+}
+
+impl Backend for Mock {
+    fn verify<'a>(
+        &'a self,
+        req: VerifyRequest<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Sample>, ApiError>> {
+        async move {
+            tokio::time::sleep(self.verify_delay).await;
+            let mut ctx = req.context.to_vec();
+            let mut out = vec![Sample::id(next_token(&ctx, VOCAB))];
+            for &d in req.drafts {
+                ctx.push(d);
+                out.push(Sample::id(next_token(&ctx, VOCAB)));
+            }
+            Ok(out)
+        }
+        .boxed()
+    }
+    fn tokenize_prompt<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+    ) -> BoxFuture<'a, Result<Tokenized, ApiError>> {
+        ready(Err(ApiError::Internal("not in tests".into()))).boxed()
+    }
+    fn tokenize_chat<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a Map<String, Value>,
+    ) -> BoxFuture<'a, Result<Tokenized, ApiError>> {
+        ready(Err(ApiError::Internal("not in tests".into()))).boxed()
+    }
+    fn relay<'a>(&'a self, req: RelayRequest<'a>) -> BoxFuture<'a, Result<SampleStream, ApiError>> {
+        self.relays.fetch_add(1, Ordering::Relaxed);
+        let toks = continuation(req.context, req.max_tokens as usize, VOCAB);
+        let delay = self.token_delay;
+        let s = futures_util::stream::iter(toks).then(move |t| async move {
+            tokio::time::sleep(delay).await;
+            Ok(Sample::id(t))
+        });
+        ready(Ok(s.boxed())).boxed()
+    }
+    fn kind(&self) -> &'static str {
+        "vllm"
+    }
+}
+
+/// Proposes the true continuation, each absolute position kept with probability `keep`.
+struct Truthful {
+    keep: f64,
+    overlap: bool,
+}
+
+impl Drafter for Truthful {
+    fn kind(&self) -> DrafterKind {
+        DrafterKind::Oracle
+    }
+    fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>> {
+        let truth = continuation(&req.context, req.max_k, VOCAB);
+        let start = req.context.len();
+        let tokens: Vec<u32> = truth
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                let kept = fastrand::Rng::with_seed((start + i) as u64).f64() < self.keep;
+                if kept {
+                    t
+                } else {
+                    (t + 1) % VOCAB
+                }
+            })
+            .collect();
+        let confidence = vec![0.9; tokens.len()];
+        ready(Ok(Proposal { tokens, confidence })).boxed()
+    }
+    fn wants_overlap(&self) -> bool {
+        self.overlap
+    }
+}
+
+fn tokenizer() -> Arc<ModelTokenizer> {
+    let vocab: Map<String, Value> = (0..VOCAB).map(|i| (format!("t{i}"), i.into())).collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    let tokenizer: tokenizers::Tokenizer = json.to_string().parse().expect("tokenizer json");
+    Arc::new(ModelTokenizer {
+        tokenizer,
+        eos_id: None,
+        extra_eos_ids: vec![],
+        vocab_size: VOCAB as usize,
+        path: Default::default(),
+    })
+}
+
+struct Run {
+    tokens: Vec<u32>,
+    stats: Stats,
+    metrics: Arc<Metrics>,
+    relays: usize,
+}
+
+struct Setup {
+    mode: SpecMode,
+    keep: f64,
+    overlap: bool,
+    switch_every: Option<usize>,
+    sampling: Sampling,
+    controller: Arc<Controller>,
+    max_tokens: u32,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            mode: SpecMode::Auto,
+            keep: 1.0,
+            overlap: false,
+            switch_every: None,
+            sampling: Sampling {
+                temperature: Some(0.0),
+                ..Sampling::default()
+            },
+            controller: Arc::new(Controller::default()),
+            max_tokens: 60,
+        }
+    }
+}
+
+const PROMPT: [u32; 5] = [10, 11, 12, 13, 14];
+
+async fn run_session(s: Setup) -> Run {
+    let metrics = Arc::new(Metrics::new());
+    let backend = Arc::new(Mock {
+        verify_delay: Duration::from_millis(4),
+        token_delay: Duration::from_millis(2),
+        relays: AtomicUsize::new(0),
+    });
+    let params = SessionParams {
+        stream: 1,
+        model: "m".into(),
+        prompt: PROMPT.to_vec(),
+        sampling: s.sampling,
+        max_tokens: s.max_tokens,
+        max_model_len: 4096,
+        stop: vec![],
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        skip_special_tokens: true,
+        include_stop_str: false,
+        mode: s.mode,
+        k_max: 4,
+        switch_every: s.switch_every,
+    };
+    let deps = SessionDeps {
+        backend: backend.clone(),
+        drafter: Arc::new(Truthful {
+            keep: s.keep,
+            overlap: s.overlap,
+        }),
+        tokenizer: tokenizer(),
+        metrics: metrics.clone(),
+        controller: s.controller,
+    };
+    let mut rx = spawn(params, deps);
+    let mut tokens = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Delta { tokens: t, .. } => tokens.extend(t.iter().map(|s| s.id)),
+            Event::Done {
+                tokens: t, stats, ..
+            } => {
+                tokens.extend(t.iter().map(|s| s.id));
+                return Run {
+                    tokens,
+                    stats,
+                    metrics,
+                    relays: backend.relays.load(Ordering::Relaxed),
+                };
+            }
+            Event::Error(e) => panic!("session failed: {e}"),
+        }
+    }
+    panic!("session ended without Done")
+}
+
+fn truth(n: usize) -> Vec<u32> {
+    continuation(&PROMPT, n, VOCAB)
+}
+
+#[tokio::test]
+async fn forced_switching_loses_and_repeats_no_token() {
+    for n in [1, 2, 3, 5, 7] {
+        for keep in [1.0, 0.5, 0.0] {
+            let r = run_session(Setup {
+                switch_every: Some(n),
+                keep,
+                ..Setup::default()
+            })
+            .await;
+            assert_eq!(r.tokens, truth(60), "switch every {n}, keep {keep}");
+            assert!(r.stats.relay_tokens > 0 && r.stats.rounds > 0, "n={n}");
+            assert!(
+                r.stats.switches >= (60 / n as u32) - 1,
+                "n={n}: {:?}",
+                r.stats
+            );
+            assert_eq!(
+                r.relays as u32,
+                60 / (2 * n as u32),
+                "one relay per relay phase"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn auto_output_is_exact_whatever_it_decides() {
+    // One controller across requests, so later ones decide from learned estimates.
+    let controller = Arc::new(Controller::default());
+    for keep in [0.0, 0.3, 0.8, 1.0, 0.0] {
+        let r = run_session(Setup {
+            keep,
+            controller: controller.clone(),
+            ..Setup::default()
+        })
+        .await;
+        assert_eq!(r.tokens, truth(60), "keep {keep}");
+        assert_eq!(
+            r.stats.completion_tokens,
+            r.stats.relay_tokens + r.stats.rounds + r.stats.accepted_tokens,
+            "every token came from a round or the relay: {:?}",
+            r.stats
+        );
+    }
+}
+
+#[tokio::test]
+async fn overlap_is_kept_only_when_the_guess_was_right() {
+    let hits = |m: &Metrics, o: &str| m.draft_overlap.with_label_values(&[o]).get();
+    let r = run_session(Setup {
+        mode: SpecMode::On,
+        overlap: true,
+        keep: 1.0,
+        ..Setup::default()
+    })
+    .await;
+    assert_eq!(r.tokens, truth(60));
+    assert!(hits(&r.metrics, "hit") > 0);
+    assert_eq!(hits(&r.metrics, "miss"), 0);
+    let r = run_session(Setup {
+        mode: SpecMode::On,
+        overlap: true,
+        keep: 0.0,
+        ..Setup::default()
+    })
+    .await;
+    assert_eq!(r.tokens, truth(60));
+    assert_eq!(hits(&r.metrics, "hit"), 0);
+    assert!(hits(&r.metrics, "miss") > 0);
+    let r = run_session(Setup {
+        mode: SpecMode::On,
+        keep: 1.0,
+        ..Setup::default()
+    })
+    .await;
+    assert_eq!(hits(&r.metrics, "hit") + hits(&r.metrics, "miss"), 0);
+}
+
+#[tokio::test]
+async fn seeded_sampling_never_relays_on_the_controllers_say() {
+    let sampling = Sampling {
+        temperature: Some(0.8),
+        seed: Some(7),
+        ..Sampling::default()
+    };
+    let r = run_session(Setup {
+        keep: 0.0,
+        sampling: sampling.clone(),
+        ..Setup::default()
+    })
+    .await;
+    assert_eq!(r.stats.relay_tokens, 0, "{:?}", r.stats);
+    assert_eq!(r.relays, 0);
+    // Unseeded, the same hopeless drafts end up relayed.
+    let r = run_session(Setup {
+        keep: 0.0,
+        max_tokens: 120,
+        ..Setup::default()
+    })
+    .await;
+    assert!(r.stats.relay_tokens > 0, "{:?}", r.stats);
+}
