@@ -55,6 +55,7 @@ pub struct Metrics {
     pub auto_speculated_share: prometheus::Gauge,
     pub realized_speedup: prometheus::Gauge,
     pub detokenize_errors: prometheus::IntCounter,
+    pub tokenizer_verified: IntGauge,
     names: Vec<String>,
 }
 
@@ -112,6 +113,7 @@ impl Metrics {
             auto_speculated_share: reg!(r, names, prometheus::Gauge::new("specd_controller_auto_speculated_share", "Share of tokens of recent watched auto requests that came from verify rounds (below 0.02, most auto requests pass through)")),
             realized_speedup: reg!(r, names, prometheus::Gauge::new("specd_controller_realized_speedup", "How much faster recent watched auto requests that speculated were than plain decoding of them would have been, by the decode cost measured from relays (below 1, most auto requests pass through)")),
             detokenize_errors: reg!(r, names, prometheus::IntCounter::new("specd_detokenize_errors_total", "Generated tokens the local tokenizer could not decode (their text is missing from the response)")),
+            tokenizer_verified: reg!(r, names, IntGauge::new("specd_tokenizer_verified", "1 while the local tokenizer agrees with the upstream's on the probe text (otherwise specd does not speculate)")),
             registry: r,
             names: std::mem::take(names),
         };

@@ -35,7 +35,13 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub drafters: Drafters,
     pub controller: Arc<Controller>,
+    /// The tokenizer speculation uses: set once it agrees with the upstream's.
     pub tokenizer: RwLock<Option<Arc<ModelTokenizer>>>,
+    /// `--tokenizer`, loaded at start (checked against the upstream like any other).
+    pub configured_tokenizer: Option<Arc<ModelTokenizer>>,
+    pub tokenizer_verified: AtomicBool,
+    /// Whether any check has concluded yet (the first outcome is always logged).
+    pub tokenizer_decided: AtomicBool,
     pub backend: RwLock<Option<Arc<dyn Backend>>>,
     pub draining: AtomicBool,
     pub next_stream: AtomicU64,

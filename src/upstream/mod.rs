@@ -5,6 +5,7 @@ pub mod detect;
 pub mod load;
 pub mod sglang;
 pub mod sse;
+pub mod tokenizer_check;
 pub mod verify;
 pub mod vllm;
 

@@ -115,6 +115,7 @@ fn tokenizer() -> Arc<ModelTokenizer> {
         extra_eos_ids: vec![],
         vocab_size: VOCAB as usize,
         path: Default::default(),
+        clean_up_spaces: false,
     })
 }
 

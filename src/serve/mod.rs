@@ -1,5 +1,7 @@
 //! `specd serve`: wire the parts together, run until SIGTERM/SIGINT, then drain.
 
+mod tokenizer;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -16,7 +18,7 @@ use crate::inflight::InFlight;
 use crate::metrics::Metrics;
 use crate::server::{self, AppState, Shared};
 use crate::speculation::controller::{Controller, ControllerConfig};
-use crate::tokens::ModelTokenizer;
+use crate::tokens::{locate, ModelTokenizer};
 use crate::upstream::detect::UpstreamKind;
 use crate::upstream::sglang::{ModelDefaults, SglangBackend};
 use crate::upstream::verify::Backend;
@@ -53,7 +55,7 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
             Box::new(move || up.load().map(|l| (l.running, l.at)))
         }),
     );
-    let tokenizer = match &args.tokenizer {
+    let configured_tokenizer = match &args.tokenizer {
         Some(p) => {
             Some(Arc::new(ModelTokenizer::load(p).with_context(|| {
                 format!("loading --tokenizer {}", p.display())
@@ -86,7 +88,10 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
         metrics,
         drafters,
         controller,
-        tokenizer: RwLock::new(tokenizer),
+        tokenizer: RwLock::new(None),
+        configured_tokenizer,
+        tokenizer_verified: AtomicBool::new(false),
+        tokenizer_decided: AtomicBool::new(false),
         backend: RwLock::new(None),
         draining: AtomicBool::new(false),
         next_stream: AtomicU64::new(1),
@@ -97,9 +102,9 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
     }))
 }
 
-/// Called whenever the upstream is (re)detected: find the tokenizer and pick the backend.
-fn on_upstream(st: &Shared, info: &UpstreamInfo) {
-    load_tokenizer(st, info);
+/// Called whenever the upstream is (re)detected: pick the backend, then check the
+/// tokenizer against it (the returned task).
+fn on_upstream(st: &Shared, info: &UpstreamInfo) -> tokio::task::JoinHandle<()> {
     let backend: Arc<dyn Backend> = match info.kind {
         UpstreamKind::Vllm => {
             Arc::new(VllmBackend::for_version(st.upstream.clone(), &info.version))
@@ -109,37 +114,21 @@ fn on_upstream(st: &Shared, info: &UpstreamInfo) {
     if let Ok(mut g) = st.backend.write() {
         *g = Some(backend);
     }
-}
-
-fn load_tokenizer(st: &Shared, info: &UpstreamInfo) {
-    if st.tokenizer().is_some() {
-        return;
-    }
-    let Some(root) = &info.root else { return };
-    match ModelTokenizer::load(std::path::Path::new(root)) {
-        Ok(t) => {
-            tracing::info!(path = %t.path.display(), eos = ?t.eos_id, extra_eos = ?t.extra_eos_ids, "tokenizer loaded from the upstream's model directory");
-            if let Ok(mut g) = st.tokenizer.write() {
-                *g = Some(Arc::new(t));
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "no tokenizer: speculation is off until --tokenizer is given")
-        }
-    }
+    tokio::spawn(tokenizer::verify(st.clone(), info.clone()))
 }
 
 /// SGLang needs the model's vocabulary size (an id beyond it crashes the server) and, for
 /// the chat route, the sampling defaults of its generation_config.json.
 fn sglang_backend(st: &Shared, info: &UpstreamInfo) -> SglangBackend {
-    let tok = st.tokenizer();
+    let tok = st.tokenizer().or_else(|| st.configured_tokenizer.clone());
     let tok_dir = tok
         .as_ref()
         .and_then(|t| t.path.parent().map(std::path::Path::to_path_buf));
     let dirs: Vec<std::path::PathBuf> = info
         .root
-        .iter()
-        .map(std::path::PathBuf::from)
+        .as_deref()
+        .and_then(locate::model_dir)
+        .into_iter()
         .chain(tok_dir)
         .filter(|d| d.is_dir())
         .collect();
@@ -173,7 +162,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let st = build_state(args)?;
     // A forced kind that does not match is a start-up error, not a silent fallback.
     match st.upstream.refresh_info().await {
-        Ok(info) => on_upstream(&st, &info),
+        Ok(info) => {
+            // Speculate from the first request on: wait (bounded) for the tokenizer check.
+            let check = on_upstream(&st, &info);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(60), check).await;
+        }
         Err(e @ crate::upstream::detect::DetectError::KindMismatch { .. }) => return Err(e.into()),
         Err(e) => tracing::warn!(error = %e, "upstream not reachable yet; will keep trying"),
     }
@@ -190,11 +183,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     {
         let st2 = st.clone();
         let interval = st.args.health_interval();
-        tokio::spawn(
-            st.upstream
-                .clone()
-                .watch(interval, move |info| on_upstream(&st2, info)),
-        );
+        tokio::spawn(st.upstream.clone().watch(interval, move |info| {
+            on_upstream(&st2, info);
+        }));
     }
     let separate_admin = st.args.metrics_listen.is_some();
     let app = server::router(st.clone(), !separate_admin);

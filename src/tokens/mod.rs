@@ -1,6 +1,8 @@
 //! Token-level text handling: the model's tokenizer, incremental detokenization of the
 //! generated ids (equal to the upstream's own text for the same ids), and stop strings.
 
+pub mod locate;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -23,6 +25,9 @@ pub struct ModelTokenizer {
     pub extra_eos_ids: Vec<u32>,
     pub vocab_size: usize,
     pub path: PathBuf,
+    /// `clean_up_tokenization_spaces` of tokenizer_config.json: a whole-text decode on the
+    /// server side (its `/detokenize`) then differs from the streamed text by design.
+    pub clean_up_spaces: bool,
 }
 
 impl ModelTokenizer {
@@ -42,7 +47,12 @@ impl ModelTokenizer {
         }
         let tokenizer = Tokenizer::from_file(&file)
             .map_err(|e| TokenError::Load(file.clone(), e.to_string()))?;
-        let mut eos_id = read_json(&dir.join("tokenizer_config.json"))
+        let config = read_json(&dir.join("tokenizer_config.json"));
+        let clean_up_spaces = config
+            .as_ref()
+            .and_then(|v| v.get("clean_up_tokenization_spaces")?.as_bool())
+            .unwrap_or(false);
+        let mut eos_id = config
             .and_then(|v| {
                 let e = v.get("eos_token")?;
                 e.as_str()
@@ -75,6 +85,7 @@ impl ModelTokenizer {
             extra_eos_ids,
             vocab_size,
             path: file,
+            clean_up_spaces,
         })
     }
 
