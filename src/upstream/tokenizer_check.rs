@@ -98,12 +98,11 @@ async fn check_decode(
             std::time::Duration::from_secs(30),
             None,
         )
-        .await
-        .map_err(|e| Mismatch::Upstream(e.to_string()))?;
-    let Some(remote) = v.get("prompt").and_then(Value::as_str) else {
-        return Err(Mismatch::Upstream(
-            "detokenize answered without `prompt`".into(),
-        ));
+        .await;
+    // A server without a usable `/detokenize` still gets the encode check.
+    let Some(remote) = v.as_ref().ok().and_then(|v| v.get("prompt")?.as_str()) else {
+        tracing::debug!(answer = ?v, "no usable /detokenize: decode check skipped");
+        return Ok(());
     };
     let local = tok
         .tokenizer
