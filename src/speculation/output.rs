@@ -234,3 +234,6 @@ impl Shape {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
