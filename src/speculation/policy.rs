@@ -52,65 +52,39 @@ impl Harmless {
 /// Fields whose effect speculation does not reproduce: any other value passes through
 /// under the reason. Checked in order (the first reason found is counted), `tools`
 /// between the two tables.
+#[rustfmt::skip]
 const SAMPLING: &[(&str, Harmless, Reason)] = &[
     ("n", Harmless::Number(1), Reason::N),
     ("best_of", Harmless::Number(1), Reason::BestOf),
     ("logit_bias", Harmless::EmptyObject, Reason::LogitBias),
-    // Penalties count output tokens, which a verify call does not see as the output.
+    // Penalties: the upstream counts output tokens, which in a verify call are prompt.
     ("presence_penalty", Harmless::Number(0), Reason::Penalty),
     ("frequency_penalty", Harmless::Number(0), Reason::Penalty),
     ("repetition_penalty", Harmless::Number(1), Reason::Penalty),
     // Guided decoding constrains sampling inside the server.
-    (
-        "response_format",
-        Harmless::TextFormat,
-        Reason::GuidedDecoding,
-    ),
+    ("response_format", Harmless::TextFormat, Reason::GuidedDecoding),
     ("guided_json", Harmless::Null, Reason::GuidedDecoding),
     ("guided_regex", Harmless::Null, Reason::GuidedDecoding),
     ("guided_choice", Harmless::Null, Reason::GuidedDecoding),
     ("guided_grammar", Harmless::Null, Reason::GuidedDecoding),
     ("structured_outputs", Harmless::Null, Reason::GuidedDecoding),
-    (
-        "guided_decoding_backend",
-        Harmless::Null,
-        Reason::GuidedDecoding,
-    ),
+    ("guided_decoding_backend", Harmless::Null, Reason::GuidedDecoding),
 ];
 
+#[rustfmt::skip]
 const OUTPUT: &[(&str, Harmless, Reason)] = &[
     ("echo", Harmless::False, Reason::Echo),
     ("prompt_logprobs", Harmless::Null, Reason::PromptLogprobs),
     ("min_tokens", Harmless::Number(0), Reason::MinTokens),
     ("suffix", Harmless::Null, Reason::Suffix),
-    (
-        "allowed_token_ids",
-        Harmless::Null,
-        Reason::UnsupportedParam,
-    ),
+    ("allowed_token_ids", Harmless::Null, Reason::UnsupportedParam),
     ("bad_words", Harmless::Null, Reason::UnsupportedParam),
-    (
-        "logits_processors",
-        Harmless::Null,
-        Reason::UnsupportedParam,
-    ),
+    ("logits_processors", Harmless::Null, Reason::UnsupportedParam),
     ("lora_request", Harmless::Null, Reason::UnsupportedParam),
     ("vllm_xargs", Harmless::Null, Reason::UnsupportedParam),
-    (
-        "kv_transfer_params",
-        Harmless::Null,
-        Reason::UnsupportedParam,
-    ),
-    (
-        "repetition_detection",
-        Harmless::Null,
-        Reason::UnsupportedParam,
-    ),
-    (
-        "thinking_token_budget",
-        Harmless::Null,
-        Reason::UnsupportedParam,
-    ),
+    ("kv_transfer_params", Harmless::Null, Reason::UnsupportedParam),
+    ("repetition_detection", Harmless::Null, Reason::UnsupportedParam),
+    ("thinking_token_budget", Harmless::Null, Reason::UnsupportedParam),
 ];
 
 /// vLLM's limit on stop strings (`VLLM_MAX_STOP_STRINGS`, default 4, in
