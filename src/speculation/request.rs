@@ -110,8 +110,10 @@ fn read_typed(whole: &Value) -> Result<RequestBody, ApiError> {
     })
 }
 
-/// The checks specd makes itself (vLLM's rules, with its messages where clients may
-/// read them), and the typed request.
+/// The checks specd makes itself, and the typed request. The rules are vLLM's; where its
+/// message is copied, it is from vllm/sampling_params.py (`max_tokens`) or the request
+/// models' validators in vllm/entrypoints/openai/*/protocol.py (`top_logprobs`,
+/// `stream_options`). The checks on the tokenized prompt are in `limits`.
 fn validate(
     endpoint: Endpoint,
     b: RequestBody,
