@@ -267,6 +267,18 @@ async fn values_specd_does_not_understand_get_the_upstreams_answer() {
             "/v1/chat/completions",
             json!({"model": m, "messages": msgs, "max_tokens": 4, "tools": "x"}),
         ),
+        (
+            "/v1/chat/completions",
+            json!({"model": m, "messages": msgs, "max_tokens": 4, "tools": []}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": m, "messages": msgs, "max_tokens": 4, "tool_choice": "auto"}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": m, "prompt": "hi", "max_tokens": 4, "temperature": 2.5}),
+        ),
     ];
     for (path, body) in &cases {
         let (want, direct) = post(&up, path, body).await;
