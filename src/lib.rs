@@ -6,6 +6,7 @@ pub mod draft;
 pub mod error;
 pub mod inflight;
 pub mod metrics;
+pub mod protocol;
 pub mod serve;
 pub mod server;
 pub mod speculation;

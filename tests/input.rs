@@ -239,3 +239,61 @@ async fn context_length_and_max_tokens_caps() {
         }
     }
 }
+
+/// Values specd reads but does not fully understand are forwarded: the client gets the
+/// upstream's own answer (here vLLM's 400 and its error body), not specd's guess.
+#[tokio::test]
+async fn values_specd_does_not_understand_get_the_upstreams_answer() {
+    let up = upstream();
+    let specd = Specd::start_ready(&up, &["--speculation", "on"]).await;
+    let m = model_name();
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let stops: Vec<String> = (0..500).map(|i| format!("stop{i}")).collect();
+    let cases = [
+        (
+            "/v1/completions",
+            json!({"model": m, "prompt": "hi", "max_tokens": 4, "stop": [""]}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": m, "prompt": "hi", "max_tokens": 4, "stop": stops}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": m, "prompt": "hi", "max_tokens": 4, "stream": true,
+                   "stream_options": {"include_usage": "x"}}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": m, "messages": msgs, "max_tokens": 4, "tools": "x"}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": m, "messages": msgs, "max_tokens": 4, "tools": []}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": m, "messages": msgs, "max_tokens": 4, "tool_choice": "auto"}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": m, "prompt": "hi", "max_tokens": 4, "temperature": 2.5}),
+        ),
+    ];
+    for (path, body) in &cases {
+        let (want, direct) = post(&up, path, body).await;
+        let (got, via) = post(&specd.url, path, body).await;
+        let shown = body.to_string().chars().take(100).collect::<String>();
+        assert_eq!(got, want, "{path} {shown}: vLLM {direct}, specd {via}");
+        assert!(want >= 400, "{path} {shown}: vLLM accepted it: {direct}");
+        for k in ["message", "type", "code"] {
+            assert_eq!(via["error"][k], direct["error"][k], "{path} {shown}: {k}");
+        }
+    }
+    let metrics = specd.metrics().await;
+    let forwarded = metric_value(
+        &metrics,
+        "specd_passthrough_total{reason=\"unsupported_param\"}",
+    );
+    assert_eq!(forwarded, Some(cases.len() as f64), "{metrics}");
+}

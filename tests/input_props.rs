@@ -13,7 +13,7 @@ use specd::inflight::InFlight;
 use specd::metrics::labels::StreamMode;
 use specd::metrics::Metrics;
 use specd::server::observe::{ObservedBody, Outcome};
-use specd::speculation::request::{parse, Endpoint};
+use specd::speculation::request::{parse, Endpoint, Intake};
 use specd::upstream::sse::SseParser;
 use specd::upstream::vllm::parse_verify_response;
 
@@ -120,7 +120,7 @@ proptest! {
     #[test]
     fn request_parsing_never_panics(b in body(), chat in any::<bool>(), h in header()) {
         let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
-        if let Ok(Ok(g)) = parse(endpoint, b.clone(), h.as_deref()) {
+        if let Ok(Intake::Speculate(g)) = parse(endpoint, b.clone(), h.as_deref()) {
             // What specd speculates on has a usable shape.
             prop_assert!(g.max_tokens.is_none_or(|n| n >= 1));
             prop_assert!(!g.body.contains_key("speculation"));

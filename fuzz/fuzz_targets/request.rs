@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use specd::spec::request::{parse, Endpoint};
+use specd::speculation::request::{parse, Endpoint, Intake};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, rest)) = data.split_first() else {
@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
         _ => Some("sometimes"),
     };
     if let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(rest) {
-        if let Ok(Ok(g)) = parse(endpoint, m, header) {
+        if let Ok(Intake::Speculate(g)) = parse(endpoint, m, header) {
             assert!(g.max_tokens.is_none_or(|n| n >= 1));
             assert!(!g.body.contains_key("speculation"));
         }

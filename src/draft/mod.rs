@@ -123,9 +123,51 @@ pub trait Drafter: Send + Sync {
 #[derive(Default, Clone)]
 pub struct Drafters {
     map: HashMap<DrafterKind, Arc<dyn Drafter>>,
+    /// `--enable-test-drafters`: `oracle` and `adversarial`, made per request.
+    test_drafters: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChooseError {
+    #[error("unknown drafter '{name}'; available: {available}")]
+    Unknown { name: String, available: String },
+    #[error("the test drafters need speculation.oracle_tokens")]
+    NoOracleTokens,
 }
 
 impl Drafters {
+    pub fn enable_test_drafters(&mut self) {
+        self.test_drafters = true;
+    }
+
+    /// The drafter for one request: `name` (else `default`); the test drafters are made
+    /// from the request's expected tokens.
+    pub fn for_request(
+        &self,
+        name: Option<&str>,
+        default: DrafterKind,
+        oracle_tokens: Option<&[u32]>,
+        vocab_size: usize,
+    ) -> Result<Arc<dyn Drafter>, ChooseError> {
+        let unknown = |name: &str| ChooseError::Unknown {
+            name: name.to_string(),
+            available: self.names().join(", "),
+        };
+        let kind = match name {
+            Some(n) => DrafterKind::parse(n).ok_or_else(|| unknown(n))?,
+            None => default,
+        };
+        if kind.is_test_only() && self.test_drafters {
+            let truth = oracle_tokens.ok_or(ChooseError::NoOracleTokens)?.to_vec();
+            return Ok(Arc::new(testing::ScriptedDrafter {
+                truth,
+                adversarial: kind == DrafterKind::Adversarial,
+                vocab_size: u32::try_from(vocab_size).unwrap_or(u32::MAX),
+            }));
+        }
+        self.get(kind).ok_or_else(|| unknown(kind.as_str()))
+    }
+
     pub fn insert(&mut self, d: Arc<dyn Drafter>) {
         self.map.insert(d.kind(), d);
     }

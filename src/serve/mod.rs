@@ -39,6 +39,9 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
         global_max_tokens: args.suffix_global_tokens,
         ..SuffixConfig::default()
     })));
+    if args.enable_test_drafters {
+        drafters.enable_test_drafters();
+    }
     let in_flight = Arc::new(InFlight::default());
     let controller = Arc::new(
         Controller::new(

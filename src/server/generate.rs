@@ -1,12 +1,11 @@
-//! `/v1/completions` and `/v1/chat/completions`: speculate when the request allows it,
-//! forward it unchanged otherwise.
+//! `/v1/completions` and `/v1/chat/completions`: read the request, admit it, then
+//! speculate or forward it unchanged as `speculation::policy` decides.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::HeaderMap;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -14,13 +13,13 @@ use serde_json::{Map, Value};
 
 use super::passthrough::forward_bytes;
 use super::{respond, Shared};
-use crate::config::SpecMode;
-use crate::draft::testing::ScriptedDrafter;
-use crate::draft::{Drafter, DrafterKind};
 use crate::error::ApiError;
 use crate::metrics::labels::{PassthroughReason, RejectReason};
-use crate::speculation::request::{self, Endpoint, GenRequest, PromptInput};
+use crate::speculation::limits;
+use crate::speculation::policy::{self, Conditions, Plan, Route};
+use crate::speculation::request::{self, Endpoint, Intake, PromptInput};
 use crate::speculation::session::{self, SessionDeps, SessionParams};
+use crate::upstream::verify::Tokenized;
 
 pub async fn completions(State(st): State<Shared>, req: Request) -> Response {
     handle(st, Endpoint::Completions, req).await
@@ -32,54 +31,13 @@ pub async fn chat_completions(State(st): State<Shared>, req: Request) -> Respons
 
 async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let path_q = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_default();
     let bytes = match read_body(&st, body).await {
         Ok(b) => b,
         Err(e) => return reject(&st, e),
     };
-    let header = parts
-        .headers
-        .get("x-speculation")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let obj: Map<String, Value> = match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(m)) => m,
-        Ok(_) => {
-            return reject(
-                &st,
-                ApiError::BadRequest("request body must be a JSON object".into()),
-            )
-        }
-        Err(e) => return reject(&st, ApiError::BadRequest(format!("invalid JSON body: {e}"))),
-    };
-    let had_spec_field = obj.contains_key("speculation");
-    let parsed = match request::parse(endpoint, obj, header.as_deref()) {
-        Ok(p) => p,
+    let (intake, had_spec_field) = match read_request(endpoint, &parts, &bytes) {
+        Ok(r) => r,
         Err(e) => return reject(&st, e),
-    };
-    // Passthrough keeps the client's bytes unless specd's own field had to be removed.
-    let pass = |body: Map<String, Value>, reason: PassthroughReason| {
-        let st = st.clone();
-        let headers = parts.headers.clone();
-        let path_q = path_q.clone();
-        let bytes = bytes.clone();
-        async move {
-            if let Some(b) = st.backend() {
-                if let Err(e) = b.screen(&body) {
-                    return reject(&st, e);
-                }
-            }
-            let out = if had_spec_field {
-                Bytes::from(Value::Object(body).to_string())
-            } else {
-                bytes
-            };
-            forward_bytes(&st, &path_q, &headers, out, reason).await
-        }
     };
     // Every generation request holds a stream slot, passed through or speculated, so
     // the limits bound what specd holds open whatever the mode.
@@ -87,51 +45,66 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
         Ok(p) => p,
         Err(e) => return reject(&st, e),
     };
-    let gen = match parsed {
-        Ok(g) => g,
-        Err((reason, body, _)) => return respond::with_permit(pass(body, reason).await, permit),
+    let conditions = Conditions {
+        default_mode: st.args.speculation,
+        controller: &st.controller,
+        backend: st.backend(),
+        tokenizer: st.tokenizer(),
     };
-    let mode = gen.spec.mode.unwrap_or(st.args.speculation);
-    if mode == SpecMode::Off {
-        return respond::with_permit(pass(gen.body, PassthroughReason::Disabled).await, permit);
-    }
-    // Where speculation has not been paying, most `auto` requests skip specd's loop
-    // (seeded sampled ones never: their output must not depend on the path).
-    if mode == SpecMode::Auto
-        && !gen.sampling.is_seeded_sampled()
-        && gen.spec.switch_every.is_none()
-        && !st.controller.watch_auto()
-    {
-        return respond::with_permit(pass(gen.body, PassthroughReason::NotPaying).await, permit);
-    }
-    let Some(backend) = st.backend() else {
-        return respond::with_permit(
-            pass(gen.body, PassthroughReason::UpstreamNotReady).await,
-            permit,
-        );
+    let resp = match policy::route(intake, &conditions) {
+        Route::Passthrough { reason, body } => {
+            // The client's bytes, unless specd's own field had to be removed.
+            let out = had_spec_field.then(|| Bytes::from(Value::Object(body.clone()).to_string()));
+            pass(&st, &parts, body, out.unwrap_or(bytes), reason).await
+        }
+        Route::Speculate(plan) => match speculate(&st, *plan, &parts).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                drop(permit);
+                return reject(&st, e);
+            }
+        },
     };
-    let Some(tokenizer) = st.tokenizer() else {
-        return respond::with_permit(pass(gen.body, PassthroughReason::NoTokenizer).await, permit);
-    };
-    // The upstream may fill sampling defaults of its own, or apply what specd cannot.
-    let mut gen = gen;
-    let chat = gen.endpoint == Endpoint::Chat;
-    if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
-        return respond::with_permit(pass(gen.body, reason).await, permit);
-    }
-    // Calls made for this request carry the client's credentials, as a direct request would.
-    let backend = parts
+    respond::with_permit(resp, permit)
+}
+
+/// The body as JSON, parsed; and whether it carried specd's own `speculation` field.
+fn read_request(
+    endpoint: Endpoint,
+    parts: &Parts,
+    bytes: &[u8],
+) -> Result<(Intake, bool), ApiError> {
+    let header = parts
         .headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|a| backend.with_auth(a))
-        .unwrap_or(backend);
-    match speculate(&st, gen, mode, backend, tokenizer, &parts.headers).await {
-        Ok(resp) => respond::with_permit(resp, permit),
-        Err(e) => {
-            drop(permit);
-            reject(&st, e)
+        .get("x-speculation")
+        .and_then(|v| v.to_str().ok());
+    let obj: Map<String, Value> = match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => {
+            return Err(ApiError::BadRequest(
+                "request body must be a JSON object".into(),
+            ))
+        }
+        Err(e) => return Err(ApiError::BadRequest(format!("invalid JSON body: {e}"))),
+    };
+    let had_spec_field = obj.contains_key("speculation");
+    Ok((request::parse(endpoint, obj, header)?, had_spec_field))
+}
+
+async fn pass(
+    st: &Shared,
+    parts: &Parts,
+    body: Map<String, Value>,
+    bytes: Bytes,
+    reason: PassthroughReason,
+) -> Response {
+    if let Some(b) = st.backend() {
+        if let Err(e) = b.screen(&body) {
+            return reject(st, e);
         }
     }
+    let path_q = parts.uri.path_and_query().map_or("", |p| p.as_str());
+    forward_bytes(st, path_q, &parts.headers, bytes, reason).await
 }
 
 fn reject(st: &Shared, e: ApiError) -> Response {
@@ -183,21 +156,27 @@ async fn admit(st: &Shared) -> Result<Option<tokio::sync::OwnedSemaphorePermit>,
     p.map(Some).map_err(|_| ApiError::Draining)
 }
 
-async fn speculate(
-    st: &Shared,
-    gen: GenRequest,
-    mode: SpecMode,
-    backend: Arc<dyn crate::upstream::verify::Backend>,
-    tokenizer: Arc<crate::tokens::ModelTokenizer>,
-    _headers: &HeaderMap,
-) -> Result<Response, ApiError> {
+/// Tokenize, check against the model's limits, choose the drafter and start the session.
+async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, ApiError> {
+    let Plan {
+        gen,
+        mode,
+        backend,
+        tokenizer,
+    } = plan;
+    // Calls made for this request carry the client's credentials, as a direct request would.
+    let backend = parts
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|a| backend.with_auth(a))
+        .unwrap_or(backend);
     let info = st
         .upstream
         .info()
         .ok_or_else(|| ApiError::UpstreamUnreachable("upstream not detected yet".into()))?;
     let model = gen.model.clone().unwrap_or_else(|| info.model.clone());
     let tokenized = match &gen.prompt {
-        PromptInput::Tokens(t) => crate::upstream::verify::Tokenized {
+        PromptInput::Tokens(t) => Tokenized {
             tokens: t.clone(),
             max_model_len: None,
         },
@@ -210,45 +189,18 @@ async fn speculate(
             "prompt is empty after tokenization".into(),
         ));
     }
-    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= tokenizer.vocab_size) {
-        return Err(ApiError::BadRequest(format!(
-            "token id {bad} is out of vocabulary (size {})",
-            tokenizer.vocab_size
-        )));
-    }
-    if let Some(&bad) = gen
-        .stop_token_ids
-        .iter()
-        .find(|&&t| t as usize >= tokenizer.vocab_size)
-    {
-        return Err(ApiError::BadRequest(format!(
-            "token_id(s) [{bad}] in stop_token_ids contain out-of-vocab token ids. Vocabulary size: {}",
-            tokenizer.vocab_size
-        )));
-    }
+    limits::check_vocab(&prompt, &gen.stop_token_ids, tokenizer.vocab_size)?;
     let max_model_len = tokenized.max_model_len.unwrap_or(info.max_model_len).max(1);
-    let plen = prompt.len() as u32;
-    if plen >= max_model_len {
-        return Err(ApiError::BadRequest(format!(
-            "This model's maximum context length is {max_model_len} tokens. However, your request has {plen} input tokens. Please reduce the length of the input messages."
-        )));
-    }
-    // vLLM's rule: more than the whole context is an error; otherwise the request is
-    // capped at what the context leaves after the prompt.
-    let max_tokens = match gen.max_tokens {
-        Some(n) if n > max_model_len => {
-            return Err(ApiError::BadRequest(format!(
-                "max_tokens={n} cannot be greater than max_model_len={max_model_len}. Please request fewer output tokens."
-            )))
-        }
-        Some(n) => n.min(max_model_len - plen),
-        None => max_model_len - plen,
-    };
-    let drafter = choose_drafter(st, &gen, tokenizer.vocab_size)?;
-    let k_max = gen
-        .spec
-        .max_draft_tokens
-        .unwrap_or(st.args.max_draft_tokens);
+    let max_tokens = limits::max_tokens(prompt.len(), gen.max_tokens, max_model_len)?;
+    let drafter = st
+        .drafters
+        .for_request(
+            gen.spec.drafter.as_deref(),
+            st.args.drafter,
+            gen.spec.oracle_tokens.as_deref(),
+            tokenizer.vocab_size,
+        )
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let params = SessionParams {
         stream: st.next_stream.fetch_add(1, Ordering::Relaxed),
         model: model.clone(),
@@ -262,7 +214,10 @@ async fn speculate(
         skip_special_tokens: gen.skip_special_tokens,
         include_stop_str: gen.include_stop_str_in_output,
         mode,
-        k_max,
+        k_max: gen
+            .spec
+            .max_draft_tokens
+            .unwrap_or(st.args.max_draft_tokens),
         switch_every: gen.spec.switch_every,
     };
     let deps = SessionDeps {
@@ -274,33 +229,4 @@ async fn speculate(
     };
     let rx = session::spawn(params, deps);
     Ok(respond::respond(st, &gen, model, tokenizer, rx).await)
-}
-
-/// The request's drafter, else the server's default.
-fn choose_drafter(
-    st: &Shared,
-    gen: &GenRequest,
-    vocab_size: usize,
-) -> Result<Arc<dyn Drafter>, ApiError> {
-    let unknown = |name: &str| {
-        ApiError::BadRequest(format!(
-            "unknown drafter '{name}'; available: {}",
-            st.drafters.names().join(", ")
-        ))
-    };
-    let kind = match &gen.spec.drafter {
-        Some(name) => DrafterKind::parse(name).ok_or_else(|| unknown(name))?,
-        None => st.args.drafter,
-    };
-    if kind.is_test_only() && st.args.enable_test_drafters {
-        let truth = gen.spec.oracle_tokens.clone().ok_or_else(|| {
-            ApiError::BadRequest("the test drafters need speculation.oracle_tokens".into())
-        })?;
-        return Ok(Arc::new(ScriptedDrafter {
-            truth,
-            adversarial: kind == DrafterKind::Adversarial,
-            vocab_size: vocab_size as u32,
-        }));
-    }
-    st.drafters.get(kind).ok_or_else(|| unknown(kind.as_str()))
 }

@@ -11,14 +11,13 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::observe::{route_label, Outcome};
 use super::Shared;
 use crate::error::ApiError;
 use crate::metrics::labels::StreamMode;
-use crate::speculation::output::{new_id, Shape};
+use crate::speculation::output::{self, new_id, Shape};
 use crate::speculation::request::{Endpoint, GenRequest};
 use crate::speculation::session::Event;
 use crate::tokens::ModelTokenizer;
@@ -131,8 +130,10 @@ struct StreamState {
     outcome: Outcome,
 }
 
-fn sse(v: &Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
+fn sse(body: &output::Body<'_>) -> Bytes {
+    // Serializing these typed bodies cannot fail (string keys, no maps of non-strings).
+    let json = serde_json::to_string(body).unwrap_or_default();
+    Bytes::from(format!("data: {json}\n\n"))
 }
 
 fn stream_response(
@@ -158,7 +159,7 @@ fn stream_response(
         }
         let mut out: Vec<u8> = Vec::new();
         if s.first_chunk && s.shape.endpoint == Endpoint::Chat {
-            out.extend_from_slice(&sse(&s.shape.chunk("", Value::Null, None, true)));
+            out.extend_from_slice(&sse(&s.shape.chunk("", None, None, true)));
             s.first_chunk = false;
         }
         let ev = match s.pending.take() {
@@ -168,7 +169,7 @@ fn stream_response(
         match ev {
             Some(Event::Delta { text, tokens }) => {
                 let lp = s.shape.logprobs(&tokens, &mut s.offset);
-                if !text.is_empty() || !lp.is_null() {
+                if !text.is_empty() || lp.is_some() {
                     out.extend_from_slice(&sse(&s.shape.chunk(&text, lp, None, s.first_chunk)));
                     s.first_chunk = false;
                 }

@@ -1,10 +1,12 @@
-//! Speculation: request intake, the per-stream round loop, acceptance, the controller and
-//! the OpenAI-shaped output.
+//! Speculation: request intake and the passthrough policy, the per-stream round loop,
+//! acceptance, the controller and the OpenAI-shaped output.
 
 pub mod accept;
 pub mod controller;
 pub mod generation;
+pub mod limits;
 pub mod output;
+pub mod policy;
 mod relay;
 pub mod request;
 pub mod session;

@@ -1,11 +1,16 @@
 //! OpenAI-shaped responses (as vLLM writes them) for the speculated path: streamed
 //! chunks and whole responses, for completions and chat completions.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::generation::Finish;
 use super::request::Endpoint;
 use super::session::Stats;
+use crate::protocol::response::{
+    ChatChoice, ChatChunkChoice, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
+    CompletionLogprobs, Delta, Envelope, Finished, Logprobs, Message, NoDetails, SpeculationUsage,
+    TokenLogprob, Usage,
+};
 use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::Sample;
 
@@ -17,6 +22,15 @@ pub struct Shape {
     pub want_logprobs: bool,
     pub tokens_as_ids: bool,
     pub tokenizer: std::sync::Arc<ModelTokenizer>,
+}
+
+/// A chunk or response of either endpoint, ready to serialize.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+pub enum Body<'a> {
+    Completion(Envelope<'a, CompletionChoice<'a>>),
+    ChatChunk(Envelope<'a, ChatChunkChoice<'a>>),
+    Chat(Envelope<'a, ChatChoice<'a>>),
 }
 
 pub fn new_id(endpoint: Endpoint) -> String {
@@ -33,30 +47,35 @@ pub fn new_id(endpoint: Endpoint) -> String {
 
 /// `usage` as vLLM writes it (the streamed usage chunk has no `*_details` fields), plus
 /// specd's `speculation` object.
-pub fn usage(stats: &Stats, streamed: bool) -> Value {
-    let mut u = json!({
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.completion_tokens,
-        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-        "prompt_tokens_details": null,
-        "completion_tokens_details": null,
-        "speculation": {
-            "mode": stats.mode,
-            "drafter": stats.drafter,
-            "rounds": stats.rounds,
-            "draft_tokens": stats.draft_tokens,
-            "accepted_tokens": stats.accepted_tokens,
-            "relay_tokens": stats.relay_tokens,
-            "switches": stats.switches,
-        }
-    });
-    if streamed {
-        if let Some(o) = u.as_object_mut() {
-            o.remove("prompt_tokens_details");
-            o.remove("completion_tokens_details");
-        }
+pub fn usage(stats: &Stats, streamed: bool) -> Usage {
+    Usage {
+        prompt_tokens: stats.prompt_tokens,
+        completion_tokens: stats.completion_tokens,
+        total_tokens: stats.prompt_tokens + stats.completion_tokens,
+        details: (!streamed).then_some(NoDetails {
+            prompt_tokens_details: (),
+            completion_tokens_details: (),
+        }),
+        speculation: SpeculationUsage {
+            mode: stats.mode,
+            drafter: stats.drafter,
+            rounds: stats.rounds,
+            draft_tokens: stats.draft_tokens,
+            accepted_tokens: stats.accepted_tokens,
+            relay_tokens: stats.relay_tokens,
+            switches: stats.switches,
+        },
     }
-    u
+}
+
+fn finished(finish: Option<&Finish>) -> Finished {
+    match finish {
+        Some(f) => Finished {
+            finish_reason: Some(f.reason.as_str()),
+            stop_reason: f.stop_reason.clone(),
+        },
+        None => Finished::default(),
+    }
 }
 
 impl Shape {
@@ -68,115 +87,153 @@ impl Shape {
         }
     }
 
-    /// Logprobs for `tokens`, in the endpoint's format; `text_offset` starts at `offset`.
-    pub fn logprobs(&self, tokens: &[Sample], offset: &mut usize) -> Value {
-        if !self.want_logprobs {
-            return Value::Null;
-        }
-        match self.endpoint {
-            Endpoint::Completions => {
-                let mut toks = Vec::new();
-                let mut lps = Vec::new();
-                let mut tops = Vec::new();
-                let mut offs = Vec::new();
-                for s in tokens {
-                    let t = self.token_str(s.id);
-                    offs.push(*offset);
-                    *offset += t.len();
-                    toks.push(Value::from(t));
-                    lps.push(s.logprob.map_or(Value::Null, |x| Value::from(f64::from(x))));
-                    let mut top = Map::new();
-                    for &(id, lp) in &s.top {
-                        top.entry(self.token_str(id))
-                            .or_insert(Value::from(f64::from(lp)));
-                    }
-                    tops.push(if s.top.is_empty() {
-                        Value::Null
-                    } else {
-                        Value::Object(top)
-                    });
-                }
-                json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs})
-            }
-            Endpoint::Chat => {
-                let entry = |id: u32, lp: f32| {
-                    let t = self.token_str(id);
-                    let bytes: Vec<u8> = t.as_bytes().to_vec();
-                    json!({"token": t, "logprob": f64::from(lp).max(-9999.0), "bytes": bytes})
-                };
-                let content: Vec<Value> = tokens
-                    .iter()
-                    .map(|s| {
-                        let mut e = entry(s.id, s.logprob.unwrap_or(f32::NAN));
-                        let top: Vec<Value> = s.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
-                        e["top_logprobs"] = Value::from(top);
-                        e
-                    })
-                    .collect();
-                json!({"content": content})
-            }
+    fn envelope<C>(&self, object: &'static str, choices: Vec<C>) -> Envelope<'_, C> {
+        Envelope {
+            id: &self.id,
+            object,
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage: None,
         }
     }
 
-    fn finish_fields(finish: Option<&Finish>) -> (Value, Value) {
-        match finish {
-            Some(f) => (Value::from(f.reason.as_str()), f.stop_reason.clone()),
-            None => (Value::Null, Value::Null),
+    /// Logprobs for `tokens`, in the endpoint's format; `text_offset` starts at `offset`.
+    pub fn logprobs(&self, tokens: &[Sample], offset: &mut usize) -> Option<Logprobs> {
+        if !self.want_logprobs {
+            return None;
         }
+        Some(match self.endpoint {
+            Endpoint::Completions => Logprobs::Completion(self.completion_logprobs(tokens, offset)),
+            Endpoint::Chat => Logprobs::Chat(self.chat_logprobs(tokens)),
+        })
+    }
+
+    fn completion_logprobs(&self, tokens: &[Sample], offset: &mut usize) -> CompletionLogprobs {
+        let mut lp = CompletionLogprobs::default();
+        for s in tokens {
+            let t = self.token_str(s.id);
+            lp.text_offset.push(*offset);
+            *offset += t.len();
+            lp.tokens.push(t);
+            lp.token_logprobs.push(s.logprob.map(f64::from));
+            let mut top = Map::new();
+            for &(id, l) in &s.top {
+                top.entry(self.token_str(id))
+                    .or_insert(Value::from(f64::from(l)));
+            }
+            lp.top_logprobs.push((!s.top.is_empty()).then_some(top));
+        }
+        lp
+    }
+
+    fn chat_logprobs(&self, tokens: &[Sample]) -> ChatLogprobs {
+        // vLLM floors logprobs at -9999 (and a missing one reads as that floor).
+        let entry = |id: u32, lp: f32| {
+            let token = self.token_str(id);
+            TokenLogprob {
+                bytes: token.as_bytes().to_vec(),
+                token,
+                logprob: f64::from(lp).max(-9999.0),
+            }
+        };
+        let content = tokens
+            .iter()
+            .map(|s| ChatTokenLogprob {
+                token: entry(s.id, s.logprob.unwrap_or(f32::NAN)),
+                top_logprobs: s.top.iter().map(|&(id, lp)| entry(id, lp)).collect(),
+            })
+            .collect();
+        ChatLogprobs { content }
     }
 
     /// One streamed chunk.
-    pub fn chunk(
-        &self,
-        text: &str,
-        logprobs: Value,
+    pub fn chunk<'a>(
+        &'a self,
+        text: &'a str,
+        logprobs: Option<Logprobs>,
         finish: Option<&Finish>,
         first: bool,
-    ) -> Value {
-        let (fr, sr) = Self::finish_fields(finish);
+    ) -> Body<'a> {
+        let finished = finished(finish);
         match self.endpoint {
-            Endpoint::Completions => json!({
-                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": fr, "stop_reason": sr}]
-            }),
-            Endpoint::Chat => {
-                let delta = if first {
-                    json!({"role": "assistant", "content": text})
-                } else {
-                    json!({"content": text})
-                };
-                json!({
-                    "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": fr, "stop_reason": sr}]
-                })
-            }
+            Endpoint::Completions => Body::Completion(self.envelope(
+                "text_completion",
+                vec![CompletionChoice {
+                    index: 0,
+                    text,
+                    logprobs,
+                    finished,
+                    prompt_logprobs: None,
+                }],
+            )),
+            Endpoint::Chat => Body::ChatChunk(self.envelope(
+                "chat.completion.chunk",
+                vec![ChatChunkChoice {
+                    index: 0,
+                    delta: Delta {
+                        role: first.then_some("assistant"),
+                        content: text,
+                    },
+                    logprobs,
+                    finished,
+                }],
+            )),
         }
     }
 
     /// The final usage chunk (`stream_options.include_usage`).
-    pub fn usage_chunk(&self, stats: &Stats) -> Value {
+    pub fn usage_chunk(&self, stats: &Stats) -> Body<'_> {
         let object = match self.endpoint {
             Endpoint::Completions => "text_completion",
             Endpoint::Chat => "chat.completion.chunk",
         };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(stats, true)})
+        let mut e = self.envelope(object, Vec::new());
+        e.usage = Some(usage(stats, true));
+        Body::Completion(e)
     }
 
     /// A whole (non-streamed) response.
-    pub fn full(&self, text: &str, logprobs: Value, finish: &Finish, stats: &Stats) -> Value {
-        let (fr, sr) = Self::finish_fields(Some(finish));
+    pub fn full<'a>(
+        &'a self,
+        text: &'a str,
+        logprobs: Option<Logprobs>,
+        finish: &Finish,
+        stats: &Stats,
+    ) -> Body<'a> {
+        let finished = finished(Some(finish));
+        let usage = Some(usage(stats, false));
         match self.endpoint {
-            Endpoint::Completions => json!({
-                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": fr, "stop_reason": sr, "prompt_logprobs": null}],
-                "usage": usage(stats, false)
-            }),
-            Endpoint::Chat => json!({
-                "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                    "logprobs": logprobs, "finish_reason": fr, "stop_reason": sr}],
-                "usage": usage(stats, false)
-            }),
+            Endpoint::Completions => {
+                let choice = CompletionChoice {
+                    index: 0,
+                    text,
+                    logprobs,
+                    finished,
+                    prompt_logprobs: Some(()),
+                };
+                let mut e = self.envelope("text_completion", vec![choice]);
+                e.usage = usage;
+                Body::Completion(e)
+            }
+            Endpoint::Chat => {
+                let choice = ChatChoice {
+                    index: 0,
+                    message: Message {
+                        role: "assistant",
+                        content: text,
+                        tool_calls: [],
+                    },
+                    logprobs,
+                    finished,
+                };
+                let mut e = self.envelope("chat.completion", vec![choice]);
+                e.usage = usage;
+                Body::Chat(e)
+            }
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

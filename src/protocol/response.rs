@@ -1,0 +1,137 @@
+//! The response bodies specd writes for speculated requests, shaped as vLLM writes them:
+//! whole responses, streamed chunks and the final usage chunk, for completions and chat.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::config::SpecMode;
+use crate::draft::DrafterKind;
+
+/// A response or a streamed chunk: the envelope both endpoints share.
+#[derive(Debug, Serialize)]
+pub struct Envelope<'a, C> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: Vec<C>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// `finish_reason` and vLLM's `stop_reason` (the matched stop string or token id).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Finished {
+    pub finish_reason: Option<&'static str>,
+    pub stop_reason: Value,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CompletionChoice<'a> {
+    pub index: u32,
+    pub text: &'a str,
+    pub logprobs: Option<Logprobs>,
+    #[serde(flatten)]
+    pub finished: Finished,
+    /// Whole responses only; specd never computes prompt logprobs (such requests pass
+    /// through).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<()>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChunkChoice<'a> {
+    pub index: u32,
+    pub delta: Delta<'a>,
+    pub logprobs: Option<Logprobs>,
+    #[serde(flatten)]
+    pub finished: Finished,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Delta<'a> {
+    /// The first chunk of a chat stream names the role.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    pub content: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChoice<'a> {
+    pub index: u32,
+    pub message: Message<'a>,
+    pub logprobs: Option<Logprobs>,
+    #[serde(flatten)]
+    pub finished: Finished,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Message<'a> {
+    pub role: &'static str,
+    pub content: &'a str,
+    pub tool_calls: [(); 0],
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Logprobs {
+    Completion(CompletionLogprobs),
+    Chat(ChatLogprobs),
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<Option<f64>>,
+    /// Per token, the top alternatives by token text (`null` when none were asked for).
+    pub top_logprobs: Vec<Option<Map<String, Value>>>,
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTokenLogprob {
+    #[serde(flatten)]
+    pub token: TokenLogprob,
+    pub top_logprobs: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f64,
+    pub bytes: Vec<u8>,
+}
+
+/// `usage` as vLLM writes it, plus specd's `speculation` object.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+    /// Present (as nulls) in whole responses; the streamed usage chunk has none.
+    #[serde(flatten)]
+    pub details: Option<NoDetails>,
+    pub speculation: SpeculationUsage,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct NoDetails {
+    pub prompt_tokens_details: (),
+    pub completion_tokens_details: (),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeculationUsage {
+    pub mode: SpecMode,
+    pub drafter: DrafterKind,
+    pub rounds: u32,
+    pub draft_tokens: u32,
+    pub accepted_tokens: u32,
+    pub relay_tokens: u32,
+    pub switches: u32,
+}

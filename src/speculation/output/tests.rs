@@ -1,0 +1,149 @@
+//! The typed bodies serialize to exactly the JSON vLLM writes (as specd wrote it before
+//! they were typed).
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use super::*;
+use crate::config::SpecMode;
+use crate::draft::DrafterKind;
+use crate::speculation::generation::FinishReason;
+
+fn shape(endpoint: Endpoint, want_logprobs: bool) -> Shape {
+    let vocab: Map<String, Value> = (0..8).map(|i| (format!("t{i}"), i.into())).collect();
+    let tok = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    let tokenizer: tokenizers::Tokenizer = tok.to_string().parse().expect("tokenizer json");
+    Shape {
+        endpoint,
+        id: "id-1".into(),
+        created: 7,
+        model: "m".into(),
+        want_logprobs,
+        tokens_as_ids: false,
+        tokenizer: Arc::new(ModelTokenizer {
+            tokenizer,
+            eos_id: None,
+            extra_eos_ids: vec![],
+            vocab_size: 8,
+            path: Default::default(),
+        }),
+    }
+}
+
+fn stats() -> Stats {
+    Stats {
+        prompt_tokens: 3,
+        completion_tokens: 2,
+        rounds: 1,
+        draft_tokens: 2,
+        accepted_tokens: 1,
+        relay_tokens: 0,
+        switches: 0,
+        drafter: DrafterKind::Ngram,
+        mode: SpecMode::On,
+    }
+}
+
+fn to_value(b: &Body<'_>) -> Value {
+    serde_json::to_value(b).expect("serializable")
+}
+
+fn spec_usage() -> Value {
+    json!({"mode": "on", "drafter": "ngram", "rounds": 1, "draft_tokens": 2,
+           "accepted_tokens": 1, "relay_tokens": 0, "switches": 0})
+}
+
+#[test]
+fn whole_responses() {
+    let finish = Finish {
+        reason: FinishReason::Stop,
+        stop_reason: json!("x"),
+    };
+    let usage = json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+        "prompt_tokens_details": null, "completion_tokens_details": null, "speculation": spec_usage()});
+    let s = shape(Endpoint::Completions, false);
+    assert_eq!(
+        to_value(&s.full("ab", None, &finish, &stats())),
+        json!({"id": "id-1", "object": "text_completion", "created": 7, "model": "m",
+            "choices": [{"index": 0, "text": "ab", "logprobs": null, "finish_reason": "stop",
+                         "stop_reason": "x", "prompt_logprobs": null}],
+            "usage": usage})
+    );
+    let s = shape(Endpoint::Chat, false);
+    assert_eq!(
+        to_value(&s.full("ab", None, &finish, &stats())),
+        json!({"id": "id-1", "object": "chat.completion", "created": 7, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ab", "tool_calls": []},
+                         "logprobs": null, "finish_reason": "stop", "stop_reason": "x"}],
+            "usage": usage})
+    );
+}
+
+#[test]
+fn chunks_and_usage_chunk() {
+    let s = shape(Endpoint::Chat, false);
+    assert_eq!(
+        to_value(&s.chunk("", None, None, true)),
+        json!({"id": "id-1", "object": "chat.completion.chunk", "created": 7, "model": "m",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": null, "finish_reason": null, "stop_reason": null}]})
+    );
+    assert_eq!(
+        to_value(&s.chunk("a", None, None, false))["choices"][0]["delta"],
+        json!({"content": "a"})
+    );
+    let s = shape(Endpoint::Completions, false);
+    assert_eq!(
+        to_value(&s.chunk("a", None, Some(&Finish::length()), false)),
+        json!({"id": "id-1", "object": "text_completion", "created": 7, "model": "m",
+            "choices": [{"index": 0, "text": "a", "logprobs": null, "finish_reason": "length",
+                         "stop_reason": null}]})
+    );
+    assert_eq!(
+        to_value(&s.usage_chunk(&stats())),
+        json!({"id": "id-1", "object": "text_completion", "created": 7, "model": "m", "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                      "speculation": spec_usage()}})
+    );
+}
+
+#[test]
+fn logprobs_in_both_formats() {
+    let samples = [
+        Sample {
+            id: 1,
+            logprob: Some(-0.5),
+            top: vec![(1, -0.5), (2, -1.0)],
+        },
+        Sample {
+            id: 3,
+            logprob: None,
+            top: vec![],
+        },
+    ];
+    let s = shape(Endpoint::Completions, true);
+    let mut off = 10;
+    let lp = serde_json::to_value(s.logprobs(&samples, &mut off)).expect("serializable");
+    assert_eq!(
+        lp,
+        json!({"tokens": ["t1", "t3"], "token_logprobs": [-0.5, null],
+               "top_logprobs": [{"t1": -0.5, "t2": -1.0}, null], "text_offset": [10, 12]})
+    );
+    assert_eq!(off, 14);
+    let s = shape(Endpoint::Chat, true);
+    let lp = serde_json::to_value(s.logprobs(&samples, &mut off)).expect("serializable");
+    let entry = |t: &str, lp: f64| json!({"token": t, "logprob": lp, "bytes": t.as_bytes()});
+    let mut first = entry("t1", -0.5);
+    first["top_logprobs"] = json!([entry("t1", -0.5), entry("t2", -1.0)]);
+    let mut second = entry("t3", -9999.0);
+    second["top_logprobs"] = json!([]);
+    assert_eq!(lp, json!({"content": [first, second]}));
+    assert!(shape(Endpoint::Chat, false)
+        .logprobs(&samples, &mut off)
+        .is_none());
+}

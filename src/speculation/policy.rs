@@ -1,0 +1,241 @@
+//! When specd speculates and when it forwards a request unchanged (passthrough), in one
+//! place: the request's own fields first, then the request's mode and the server's state.
+//!
+//! The rule for fields: specd speculates only what it reproduces exactly. A field whose
+//! effect it cannot reproduce, and a value it does not fully understand, is forwarded, so
+//! the client gets the upstream's own answer — its result or its error — never specd's
+//! guess.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::controller::Controller;
+use super::request::{Endpoint, GenRequest, Intake};
+use crate::config::SpecMode;
+use crate::metrics::labels::PassthroughReason as Reason;
+use crate::protocol::lax;
+use crate::protocol::request::StreamOptions;
+use crate::tokens::ModelTokenizer;
+use crate::upstream::verify::Backend;
+
+/// Values of a field that leave the output as specd makes it.
+#[derive(Clone, Copy)]
+enum Harmless {
+    /// Only `null` (or no field).
+    Null,
+    /// `null`, or this number written as an integer or a float.
+    Number(i64),
+    /// `null` or an empty object.
+    EmptyObject,
+    /// `null` or false (read laxly, as the upstream reads it).
+    False,
+    /// `null` or a `response_format` of type "text".
+    TextFormat,
+}
+
+impl Harmless {
+    fn allows(self, v: &Value) -> bool {
+        if v.is_null() {
+            return true;
+        }
+        match self {
+            Harmless::Null => false,
+            Harmless::Number(n) => *v == n || *v == n as f64,
+            Harmless::EmptyObject => v.as_object().is_some_and(Map::is_empty),
+            Harmless::False => lax::boolean(v) == Some(false),
+            Harmless::TextFormat => v.get("type").and_then(Value::as_str) == Some("text"),
+        }
+    }
+}
+
+/// Fields whose effect speculation does not reproduce: any other value passes through
+/// under the reason. Checked in order (the first reason found is counted), `tools`
+/// between the two tables.
+#[rustfmt::skip]
+const SAMPLING: &[(&str, Harmless, Reason)] = &[
+    ("n", Harmless::Number(1), Reason::N),
+    ("best_of", Harmless::Number(1), Reason::BestOf),
+    ("logit_bias", Harmless::EmptyObject, Reason::LogitBias),
+    // Penalties: the upstream counts output tokens, which in a verify call are prompt.
+    ("presence_penalty", Harmless::Number(0), Reason::Penalty),
+    ("frequency_penalty", Harmless::Number(0), Reason::Penalty),
+    ("repetition_penalty", Harmless::Number(1), Reason::Penalty),
+    // Guided decoding constrains sampling inside the server.
+    ("response_format", Harmless::TextFormat, Reason::GuidedDecoding),
+    ("guided_json", Harmless::Null, Reason::GuidedDecoding),
+    ("guided_regex", Harmless::Null, Reason::GuidedDecoding),
+    ("guided_choice", Harmless::Null, Reason::GuidedDecoding),
+    ("guided_grammar", Harmless::Null, Reason::GuidedDecoding),
+    ("structured_outputs", Harmless::Null, Reason::GuidedDecoding),
+    ("guided_decoding_backend", Harmless::Null, Reason::GuidedDecoding),
+];
+
+#[rustfmt::skip]
+const OUTPUT: &[(&str, Harmless, Reason)] = &[
+    ("echo", Harmless::False, Reason::Echo),
+    ("prompt_logprobs", Harmless::Null, Reason::PromptLogprobs),
+    ("min_tokens", Harmless::Number(0), Reason::MinTokens),
+    ("suffix", Harmless::Null, Reason::Suffix),
+    ("allowed_token_ids", Harmless::Null, Reason::UnsupportedParam),
+    ("bad_words", Harmless::Null, Reason::UnsupportedParam),
+    ("logits_processors", Harmless::Null, Reason::UnsupportedParam),
+    ("lora_request", Harmless::Null, Reason::UnsupportedParam),
+    ("vllm_xargs", Harmless::Null, Reason::UnsupportedParam),
+    ("kv_transfer_params", Harmless::Null, Reason::UnsupportedParam),
+    ("repetition_detection", Harmless::Null, Reason::UnsupportedParam),
+    ("thinking_token_budget", Harmless::Null, Reason::UnsupportedParam),
+];
+
+/// vLLM's limit on stop strings (`VLLM_MAX_STOP_STRINGS`, default 4, in
+/// vllm/entrypoints/generate/base/protocol.py `StopParam`). A server may raise it, so more
+/// are not an error here: they are the upstream's to accept or refuse.
+const MAX_STOP_STRINGS: usize = 4;
+
+/// vLLM refuses temperatures above 2 (vllm/sampling_params.py `_verify_args`); other
+/// servers may take them. Either way the upstream answers.
+const MAX_TEMPERATURE: f64 = 2.0;
+
+/// Completions given several prompts (each is its own generation).
+pub fn many_prompts(prompt: Option<&Value>) -> bool {
+    match prompt {
+        Some(Value::Array(a)) => a.len() > 1 && !a.iter().all(Value::is_number),
+        _ => false,
+    }
+}
+
+/// Why this (valid) request must be forwarded, from its fields alone.
+pub fn request_reason(endpoint: Endpoint, body: &Map<String, Value>) -> Option<Reason> {
+    let table = |fields: &[(&str, Harmless, Reason)]| {
+        fields.iter().find_map(|&(key, harmless, reason)| {
+            body.get(key)
+                .is_some_and(|v| !harmless.allows(v))
+                .then_some(reason)
+        })
+    };
+    let multimodal = || {
+        let msgs = body.get("messages").and_then(Value::as_array);
+        let any =
+            endpoint == Endpoint::Chat && msgs.is_some_and(|m| m.iter().any(has_non_text_part));
+        // Multimodal content needs the upstream's processors.
+        any.then_some(Reason::Multimodal)
+    };
+    table(SAMPLING)
+        .or_else(|| tools_reason(body))
+        .or_else(|| table(OUTPUT))
+        .or_else(multimodal)
+        .or_else(|| not_understood(body).then_some(Reason::UnsupportedParam))
+}
+
+fn tools_reason(body: &Map<String, Value>) -> Option<Reason> {
+    let tools = body.get("tools").filter(|t| !t.is_null());
+    if tools
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Some(Reason::Tools);
+    }
+    // `tools` that is not a list of tools (vLLM refuses even an empty one), or a
+    // `tool_choice` other than "none" without tools: the upstream's to answer.
+    let choice = body.get("tool_choice").filter(|c| !c.is_null());
+    let understood = tools.is_none() && choice.is_none_or(|c| c.as_str() == Some("none"));
+    (!understood).then_some(Reason::UnsupportedParam)
+}
+
+fn has_non_text_part(msg: &Value) -> bool {
+    let parts = msg.get("content").and_then(Value::as_array);
+    parts.is_some_and(|parts| {
+        parts.iter().any(|p| {
+            p.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t != "text")
+        })
+    })
+}
+
+/// Values of fields specd reads that it does not fully understand (the typed intake has
+/// already refused the ones of the wrong type).
+fn not_understood(body: &Map<String, Value>) -> bool {
+    let stops: Vec<&str> = match body.get("stop") {
+        Some(Value::String(s)) => vec![s.as_str()],
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    // vLLM: "stop cannot contain an empty string." (vllm/sampling_params.py).
+    if stops.len() > MAX_STOP_STRINGS || stops.iter().any(|s| s.is_empty()) {
+        return true;
+    }
+    if StreamOptions::read(body.get("stream_options")).is_none() {
+        return true;
+    }
+    let temperature = body.get("temperature").and_then(lax::float);
+    temperature.is_some_and(|t| t > MAX_TEMPERATURE)
+}
+
+/// What the server offers for speculation right now.
+pub struct Conditions<'a> {
+    /// `--speculation`, for requests that do not choose.
+    pub default_mode: SpecMode,
+    pub controller: &'a Controller,
+    pub backend: Option<Arc<dyn Backend>>,
+    pub tokenizer: Option<Arc<ModelTokenizer>>,
+}
+
+/// A request to speculate, with what it needs.
+pub struct Plan {
+    pub gen: GenRequest,
+    pub mode: SpecMode,
+    pub backend: Arc<dyn Backend>,
+    pub tokenizer: Arc<ModelTokenizer>,
+}
+
+pub enum Route {
+    Speculate(Box<Plan>),
+    Passthrough {
+        reason: Reason,
+        body: Map<String, Value>,
+    },
+}
+
+/// The passthrough decision for a valid request: its fields, then its mode, then whether
+/// the server can speculate now.
+pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
+    let mut gen = match intake {
+        Intake::Passthrough { reason, body } => return Route::Passthrough { reason, body },
+        Intake::Speculate(gen) => *gen,
+    };
+    let pass = |reason, gen: GenRequest| Route::Passthrough {
+        reason,
+        body: gen.body,
+    };
+    let mode = gen.spec.mode.unwrap_or(c.default_mode);
+    if mode == SpecMode::Off {
+        return pass(Reason::Disabled, gen);
+    }
+    // Where speculation has not been paying, most `auto` requests skip specd's loop
+    // (seeded sampled ones never: their output must not depend on the path).
+    if mode == SpecMode::Auto
+        && !gen.sampling.is_seeded_sampled()
+        && gen.spec.switch_every.is_none()
+        && !c.controller.watch_auto()
+    {
+        return pass(Reason::NotPaying, gen);
+    }
+    let Some(backend) = c.backend.clone() else {
+        return pass(Reason::UpstreamNotReady, gen);
+    };
+    let Some(tokenizer) = c.tokenizer.clone() else {
+        return pass(Reason::NoTokenizer, gen);
+    };
+    // The upstream may fill sampling defaults of its own, or apply what specd cannot.
+    let chat = gen.endpoint == Endpoint::Chat;
+    if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
+        return pass(reason, gen);
+    }
+    Route::Speculate(Box::new(Plan {
+        gen,
+        mode,
+        backend,
+        tokenizer,
+    }))
+}
