@@ -5,6 +5,5 @@ pub mod accept;
 pub mod controller;
 pub mod generation;
 pub mod output;
-mod relay;
 pub mod request;
 pub mod session;
