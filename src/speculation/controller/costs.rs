@@ -179,6 +179,17 @@ pub(super) struct Costs {
     pub(super) ver_staleness: f64,
 }
 
+/// Verify samples after which a level's verify cost is re-probed at the full interval;
+/// with fewer, proportionally sooner (one sample may have caught a stall, and a verify cost
+/// that high keeps streams relaying, so nothing else would correct it).
+const CONFIRMED: u32 = 8;
+
+/// The re-probe interval of a level's verify costs: shorter while they rest on few samples.
+fn verify_interval(ver: &[Ewma], interval: Duration) -> Duration {
+    let n: u32 = ver.iter().map(|e| e.n).sum();
+    interval.mul_f64(f64::from(n.clamp(1, CONFIRMED)) / f64::from(CONFIRMED))
+}
+
 /// How far a verify cost one probe interval old is trusted (by a relaying stream deciding
 /// whether to re-measure it); each further interval multiplies it again.
 pub(super) const STALE_TRUST: f64 = 0.7;
@@ -186,6 +197,7 @@ pub(super) const STALE_TRUST: f64 = 0.7;
 /// Probe intervals since the newest of `ver` was measured: 0 while that is within one
 /// interval, infinite if none ever was.
 pub(super) fn staleness(ver: &[Ewma], interval: Duration, now: Instant) -> f64 {
+    let interval = verify_interval(ver, interval);
     let newest = ver.iter().filter_map(|e| e.at).max();
     match newest.map(|t| now.saturating_duration_since(t)) {
         None => f64::INFINITY,
@@ -235,13 +247,13 @@ impl CostModel {
     pub(super) fn add_verify(&self, k: usize, spec: usize, secs: f64, now: Instant) -> Option<f64> {
         self.with_level(spec, |l| {
             let e = &mut l.ver[k.min(K_TRACKED)];
-            e.add(secs, COST_ALPHA, now);
+            e.add_low(secs, now);
             e.v
         })
     }
 
     pub(super) fn add_relay_start(&self, load: usize, secs: f64, now: Instant) {
-        self.with_level(load, |l| l.restart.add(secs, COST_ALPHA, now));
+        self.with_level(load, |l| l.restart.add_low(secs, now));
     }
 
     /// A window of relayed tokens; returns the level's T_dec as decisions use it.
@@ -327,7 +339,12 @@ impl CostModel {
         } else {
             &mut l.dec_probe
         };
-        if slot.is_some_and(|t| now.saturating_duration_since(t) < self.probe_interval) {
+        let every = if verify {
+            verify_interval(&l.ver, self.probe_interval)
+        } else {
+            self.probe_interval
+        };
+        if slot.is_some_and(|t| now.saturating_duration_since(t) < every) {
             return false;
         }
         *slot = Some(now);

@@ -3,7 +3,7 @@
 //! through the upstream's own count of running requests. Counters of its own, never read
 //! back from metrics.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,10 +19,14 @@ const RUNNING_FRESH: Duration = Duration::from_secs(2);
 pub(super) struct LoadTracker {
     active: AtomicUsize,
     relaying: AtomicUsize,
+    /// Relaying streams whose drafts would pay on their own (were it not for slowing the
+    /// streams decoding beside them).
+    willing: AtomicUsize,
     /// Prompts of this server's verify calls in flight, and the recent peak of those plus
     /// relays (previous and current window, and when the current one began): what the
     /// upstream may have counted as ours when it was last read.
     verify_prompts: AtomicUsize,
+    verifies_started: AtomicU64,
     peak: Mutex<(usize, usize, Option<Instant>)>,
     pub(super) running: Option<RunningSource>,
     /// Client requests in flight (passthrough ones load the upstream too).
@@ -34,7 +38,9 @@ impl Default for LoadTracker {
         LoadTracker {
             active: AtomicUsize::new(0),
             relaying: AtomicUsize::new(0),
+            willing: AtomicUsize::new(0),
             verify_prompts: AtomicUsize::new(0),
+            verifies_started: AtomicU64::new(0),
             peak: Mutex::new((0, 0, None)),
             running: None,
             in_flight: Arc::default(),
@@ -57,11 +63,35 @@ impl LoadTracker {
         self.relaying.fetch_sub(1, Ordering::Relaxed);
     }
     pub(super) fn start_verify(&self, prompts: usize, now: Instant) {
+        self.verifies_started.fetch_add(1, Ordering::Relaxed);
         self.verify_prompts.fetch_add(prompts, Ordering::Relaxed);
         self.note_peak(now);
     }
     pub(super) fn end_verify(&self, prompts: usize) {
         self.verify_prompts.fetch_sub(prompts, Ordering::Relaxed);
+    }
+
+    pub(super) fn verify_epoch(&self) -> u64 {
+        self.verifies_started.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn verify_in_flight(&self) -> bool {
+        self.verify_prompts.load(Ordering::Relaxed) > 0
+    }
+
+    pub(super) fn set_willing(&self, w: bool) {
+        if w {
+            self.willing.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.willing.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Willing relaying streams besides the caller.
+    pub(super) fn willing_others(&self, self_willing: bool) -> usize {
+        self.willing
+            .load(Ordering::Relaxed)
+            .saturating_sub(usize::from(self_willing))
     }
 
     /// Streams of this server at the upstream: sessions and passthrough requests.

@@ -83,6 +83,8 @@ mod costs;
 mod load;
 pub mod relay;
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
 mod watch;
 
@@ -108,8 +110,15 @@ pub const K_TRACKED: usize = 16;
 /// against the cost of restarting a relay; fewer when the generation ends sooner.
 const SWITCH_HORIZON: f64 = 4.0;
 
-fn horizon(remaining: usize, tokens_per_round: f64) -> f64 {
-    (remaining as f64 / tokens_per_round.max(1.0)).clamp(1.0, SWITCH_HORIZON)
+/// Rounds the current state is expected to last: at least `SWITCH_HORIZON`, and as long
+/// as it has lasted already (`streak` rounds of the same verdict: a state that has lasted
+/// n rounds is expected to last about n more), never past the end of the generation.
+fn horizon(remaining: usize, tokens_per_round: f64, streak: u32) -> f64 {
+    let rounds_left = remaining as f64 / tokens_per_round.max(1.0);
+    SWITCH_HORIZON
+        .max(f64::from(streak))
+        .min(rounds_left)
+        .max(1.0)
 }
 /// Tokens a decode-cost probe relays before the stream may leave relay again.
 pub const PROBE_TOKENS: u32 = 8;
@@ -145,6 +154,9 @@ impl Default for ControllerConfig {
 /// One stream's controller state (owned by its loop).
 pub struct StreamCtl {
     residual: Residual,
+    /// Decisions in a row that found the current mode worse than the other one, without
+    /// enough gain yet to pay for switching (see `horizon`).
+    streak: u32,
     /// False for seeded sampled requests (see the module comment).
     pub may_relay: bool,
     rng: fastrand::Rng,
@@ -154,6 +166,7 @@ impl StreamCtl {
     pub fn new(may_relay: bool, seed: u64) -> Self {
         StreamCtl {
             residual: Residual::default(),
+            streak: 0,
             may_relay,
             rng: fastrand::Rng::with_seed(seed),
         }
@@ -247,7 +260,21 @@ impl Controller {
     /// Marks the caller as relaying while the guard lives.
     pub fn relaying(self: &Arc<Self>) -> Relaying {
         self.load.start_relay(self.now());
-        Relaying(self.clone())
+        Relaying {
+            ctl: self.clone(),
+            willing: false,
+        }
+    }
+
+    /// Changes whenever a verify call starts; with `verify_in_flight`, tells a relay
+    /// whether its tokens' gaps were those of plain decoding alone.
+    pub fn verify_epoch(&self) -> u64 {
+        self.load.verify_epoch()
+    }
+
+    /// Whether any verify call of this server is at the upstream now.
+    pub fn verify_in_flight(&self) -> bool {
+        self.load.verify_in_flight()
     }
 
     /// Should this `auto` request run the session loop (see `watch.rs`)? False when recent
@@ -374,10 +401,17 @@ impl Controller {
         drafter: DrafterKind,
         proposal: &Proposal,
         self_relaying: bool,
+        self_willing: bool,
     ) -> Inputs {
         let now = self.now();
         let load = self.load();
-        let others = self.load.others_decoding(self_relaying, now);
+        // Relaying streams whose drafts would pay on their own are about to speculate too:
+        // a verify then shares its batch with theirs rather than slowing them.
+        let willing = self.load.willing_others(self_willing);
+        let others = self
+            .load
+            .others_decoding(self_relaying, now)
+            .saturating_sub(willing);
         let spec = load.saturating_sub(others).max(1);
         let kp = proposal.tokens.len();
         Inputs {
@@ -405,7 +439,7 @@ impl Controller {
         if mode != SpecMode::Auto {
             return Decision::Speculate(kp);
         }
-        let x = self.inputs(s, drafter, proposal, false);
+        let x = self.inputs(s, drafter, proposal, false, false);
         let lo = usize::from(s.may_relay);
         let best = x.costs.best(&x.p, x.t_draft, lo, x.others, x.spec);
         match (x.costs.dec, best) {
@@ -456,13 +490,17 @@ impl Controller {
         }
         if b.speedup(dec) < 1.0 {
             // Leaving costs a relay restart; stay when a few such rounds lose less than
-            // that (a small dip in the estimates must not cause flapping).
+            // that (a small dip in the estimates must not cause flapping), but not for
+            // long: the longer it has lost, the longer it is expected to go on losing.
             let loss = b.time - b.tokens * dec;
-            if horizon(remaining, b.tokens) * loss > x.costs.restart_extra(dec) {
+            s.streak += 1;
+            if horizon(remaining, b.tokens, s.streak) * loss > x.costs.restart_extra(dec) {
+                s.streak = 0;
                 return Decision::Relay { probe: false };
             }
             return Decision::Speculate(b.k);
         }
+        s.streak = 0;
         if x.costs.dec_stale && self.costs.claim_probe(x.load, false, self.now()) {
             return Decision::Relay { probe: true };
         }
@@ -481,11 +519,31 @@ impl Controller {
         proposal: &Proposal,
         remaining: usize,
     ) -> Option<usize> {
+        self.plan_resume_from(s, drafter, proposal, remaining, None)
+    }
+
+    /// `plan_resume` for the relay `relay` marks: it also records whether this stream's
+    /// drafts would pay on their own, so that streams that all would do not each hold
+    /// back for fear of slowing the others (which are about to speculate as well).
+    pub fn plan_resume_from(
+        &self,
+        s: &mut StreamCtl,
+        drafter: DrafterKind,
+        proposal: &Proposal,
+        remaining: usize,
+        relay: Option<&mut Relaying>,
+    ) -> Option<usize> {
         let kp = proposal.tokens.len();
         if kp == 0 {
             return None;
         }
-        let x = self.inputs(s, drafter, proposal, true);
+        let mut x = self.inputs(s, drafter, proposal, true, false);
+        if let (Some(r), Some(dec)) = (relay, x.costs.dec) {
+            let alone = x.costs.best(&x.p, x.t_draft, 1, 0, 1);
+            let willing = alone.is_some_and(|b| b.tokens * dec > b.time);
+            r.set_willing(willing);
+            x = self.inputs(s, drafter, proposal, true, willing);
+        }
         let Some(b) = x.costs.best(&x.p, x.t_draft, 1, x.others, x.spec) else {
             // Verify cost never measured: measure it (one stream per interval).
             return self
@@ -499,7 +557,12 @@ impl Controller {
         // of restarting a relay when speculation stops paying again.
         let gain = b.tokens * dec - b.time;
         let switch_cost = x.costs.restart_extra(dec);
-        let rounds = horizon(remaining, b.tokens);
+        if gain > 0.0 {
+            s.streak += 1;
+        } else {
+            s.streak = 0;
+        }
+        let rounds = horizon(remaining, b.tokens, s.streak);
         tracing::debug!(
             k = b.k,
             tokens = b.tokens,
@@ -513,6 +576,7 @@ impl Controller {
             "plan resume"
         );
         if gain > 0.0 && gain * rounds > switch_cost {
+            s.streak = 0;
             return Some(b.k);
         }
         // A stale verify cost may hide a chance (it may have been measured in a load
@@ -550,10 +614,25 @@ impl Drop for Verifying {
     }
 }
 
-pub struct Relaying(Arc<Controller>);
+/// Marks a stream as relaying while it lives, and whether its drafts would pay on their own.
+pub struct Relaying {
+    ctl: Arc<Controller>,
+    willing: bool,
+}
+
+impl Relaying {
+    fn set_willing(&mut self, w: bool) {
+        if w != self.willing {
+            self.ctl.load.set_willing(w);
+            self.willing = w;
+        }
+    }
+}
+
 impl Drop for Relaying {
     fn drop(&mut self) {
-        self.0.load.end_relay();
+        self.set_willing(false);
+        self.ctl.load.end_relay();
     }
 }
 

@@ -3,9 +3,10 @@
 //! that arrive, and when to try leaving relay. Pure bookkeeping on timestamps handed in,
 //! so the session's relay segment and the simulation harness run the same decisions.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Controller, StreamCtl, PROBE_TOKENS};
+use super::{Controller, Relaying, StreamCtl, PROBE_TOKENS};
 use crate::draft::{DrafterKind, Proposal};
 
 /// Tokens averaged per decode-cost sample (streamed tokens may arrive in bursts).
@@ -19,7 +20,11 @@ pub struct RelayTracker {
     /// Load when the segment started (the level its costs are recorded at).
     load: usize,
     start: Instant,
+    /// Start of the current clean stretch (no verify of this server at the upstream), the
+    /// tokens relayed in it, and the verify epoch it began in.
     first_at: Instant,
+    clean: u32,
+    epoch: u64,
     window: (Instant, u32),
     relayed: u32,
     min_tokens: u32,
@@ -27,12 +32,14 @@ pub struct RelayTracker {
     since_draft: u32,
     /// The proposal being checked and how many of its tokens matched so far.
     shadow: Option<(Proposal, usize)>,
+    /// Counts the stream as relaying at the upstream while the segment lives.
+    relaying: Relaying,
 }
 
 impl RelayTracker {
     /// A segment requested at `start`; a probe relays `PROBE_TOKENS` before it may leave.
     pub fn new(
-        ctl: &Controller,
+        ctl: &Arc<Controller>,
         drafter: DrafterKind,
         probe: bool,
         shadow: Option<Proposal>,
@@ -43,12 +50,15 @@ impl RelayTracker {
             load: ctl.load(),
             start,
             first_at: start,
+            clean: 0,
+            epoch: ctl.verify_epoch(),
             window: (start, 0),
             relayed: 0,
             min_tokens: if probe { PROBE_TOKENS } else { 0 },
             stride: ctl.shadow_stride(drafter),
             since_draft: 0,
             shadow: shadow.filter(|p| !p.tokens.is_empty()).map(|p| (p, 0)),
+            relaying: ctl.relaying(),
         }
     }
 
@@ -56,19 +66,26 @@ impl RelayTracker {
         self.relayed
     }
 
-    /// A token arrived at `now`: feed the decode-cost estimates.
+    /// A token arrived at `now`: feed the decode-cost estimates. Gaps that overlapped a
+    /// verify call of this server are not plain decoding (a verify step slows every
+    /// sequence in the batch; that loss is charged to the round): such stretches are
+    /// skipped, and measuring starts over.
     pub fn arrived(&mut self, ctl: &Controller, now: Instant) {
         self.relayed += 1;
         if self.relayed == 1 {
             ctl.record_relay_start(self.load, now.saturating_duration_since(self.start));
-            self.window = (now, 0);
-            self.first_at = now;
+            self.restart_clean(ctl, now);
             return;
         }
-        let gaps = self.relayed - 1;
-        if gaps % SEGMENT_SAMPLE == 0 {
-            let mean = now.saturating_duration_since(self.first_at).as_secs_f64() / f64::from(gaps);
-            ctl.record_decode_mean(self.load, mean);
+        let epoch = ctl.verify_epoch();
+        if epoch != self.epoch || ctl.verify_in_flight() {
+            self.restart_clean(ctl, now);
+            return;
+        }
+        self.clean += 1;
+        if self.clean % SEGMENT_SAMPLE == 0 {
+            let span = now.saturating_duration_since(self.first_at).as_secs_f64();
+            ctl.record_decode_mean(self.load, span / f64::from(self.clean));
         }
         self.window.1 += 1;
         if self.window.1 >= DECODE_WINDOW {
@@ -76,6 +93,13 @@ impl RelayTracker {
             ctl.record_decode(self.load, span / f64::from(self.window.1));
             self.window = (now, 0);
         }
+    }
+
+    fn restart_clean(&mut self, ctl: &Controller, now: Instant) {
+        self.first_at = now;
+        self.clean = 0;
+        self.epoch = ctl.verify_epoch();
+        self.window = (now, 0);
     }
 
     /// The arrived token was `id` (and emitted): check the shadow proposal against it.
@@ -110,7 +134,9 @@ impl RelayTracker {
         remaining: usize,
     ) -> Option<Proposal> {
         if self.relayed >= self.min_tokens {
-            if let Some(k) = ctl.plan_resume(s, self.drafter, &p, remaining) {
+            if let Some(k) =
+                ctl.plan_resume_from(s, self.drafter, &p, remaining, Some(&mut self.relaying))
+            {
                 let mut p = p;
                 p.tokens.truncate(k);
                 p.confidence.truncate(k);

@@ -38,7 +38,6 @@ pub(super) async fn relay(
     let ctl = l.d.controller.clone();
     let start = ctl.now();
     let mut tracker = RelayTracker::new(&ctl, l.drafter, plan.probe, plan.shadow, start);
-    let _relaying = ctl.relaying();
     let mut stream =
         l.d.backend
             .relay(RelayRequest {
