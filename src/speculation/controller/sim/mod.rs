@@ -322,3 +322,48 @@ fn the_controller_keeps_its_guarantees_in_every_scenario() {
     assert!(resume.value <= BOUND_RESUME_S, "(e) {}", resume.at);
     assert!(decode.value <= BOUND_DECODE_S, "(e) {}", decode.at);
 }
+
+fn one(acceptance: Acceptance, requests: u32) -> Scenario {
+    Scenario {
+        name: "case",
+        acceptance,
+        noise: Noise {
+            jitter: 0.3,
+            ..Noise::default()
+        },
+        noise_name: "jitter-30%",
+        streams: 1,
+        requests,
+        tokens: 96,
+        seed: 7,
+    }
+}
+
+#[test]
+fn auto_speculates_when_it_pays_and_relays_when_it_does_not() {
+    let good = Sim::new(&one(Acceptance::Constant(1.0), 4), Mode::Auto(AUTO_CAP)).run();
+    assert!(
+        good.relayed * 4 < good.tokens,
+        "perfect drafts mostly relayed: {good:?}"
+    );
+    let bad = Sim::new(&one(Acceptance::Constant(0.0), 4), Mode::Auto(AUTO_CAP)).run();
+    assert!(
+        bad.relayed * 10 > bad.tokens * 7,
+        "hopeless drafts speculated: {bad:?}"
+    );
+}
+
+#[test]
+fn auto_passes_through_while_speculation_does_not_pay() {
+    // Hopeless drafts: once 512 watched tokens show it, most requests pass through (one in
+    // 8 is still watched, and one per probe interval).
+    let bad = Sim::new(&one(Acceptance::Constant(0.0), 40), Mode::Auto(AUTO_CAP)).run();
+    assert!(
+        bad.passed >= 25,
+        "{} of 40 passed through: {bad:?}",
+        bad.passed
+    );
+    // Perfect drafts: nothing passes through.
+    let good = Sim::new(&one(Acceptance::Constant(1.0), 40), Mode::Auto(AUTO_CAP)).run();
+    assert_eq!(good.passed, 0, "{good:?}");
+}

@@ -44,6 +44,9 @@ pub struct Outcome {
     pub decode_recovery: Option<f64>,
     pub rounds: u64,
     pub relayed: u64,
+    /// Tokens generated, and requests passed through untouched (`auto` not watching).
+    pub tokens: u64,
+    pub passed: u32,
 }
 
 enum Work {
@@ -149,6 +152,9 @@ impl<'a> Sim<'a> {
             switched: false,
             _active: watched.then(|| self.ctl.enter()),
         };
+        if !watched && self.mode != Mode::Plain {
+            self.out.passed += 1;
+        }
         let work = if watched {
             Work::Round(None, false)
         } else {
@@ -454,6 +460,7 @@ impl Sim<'_> {
         let n = n.min(self.remaining(&s.req));
         s.req.generated += n;
         s.tokens += u64::from(n);
+        self.out.tokens += u64::from(n);
         self.remaining(&s.req) > 0
     }
 
