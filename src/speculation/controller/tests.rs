@@ -1,4 +1,7 @@
 use super::*;
+use crate::config::SpecMode;
+use crate::draft::Proposal;
+use std::time::Instant;
 
 fn ctl() -> Arc<Controller> {
     Arc::new(Controller::new(
