@@ -367,3 +367,35 @@ fn auto_passes_through_while_speculation_does_not_pay() {
     let good = Sim::new(&one(Acceptance::Constant(1.0), 40), Mode::Auto(AUTO_CAP)).run();
     assert_eq!(good.passed, 0, "{good:?}");
 }
+
+/// The draft cap `auto` should default to: mean `auto`/plain over the scenarios where
+/// speculation wins, per cap (`cargo nextest run -p specd --lib --run-ignored only
+/// auto_cap --no-capture`).
+#[test]
+#[ignore = "a measurement, not a check"]
+fn auto_cap_measurement() {
+    let set: Vec<Scenario> = scenarios().into_iter().filter(|s| s.streams <= 8).collect();
+    for cap in [4, 8, 16] {
+        let (mut sum, mut n, mut vs_best) = (0.0, 0, 0.0);
+        for sc in &set {
+            let plain = Sim::new(sc, Mode::Plain).run().rate;
+            let best = STATIC_K
+                .iter()
+                .map(|&k| Sim::new(sc, Mode::Static(k)).run().rate)
+                .fold(0.0, f64::max);
+            if best <= plain {
+                continue;
+            }
+            let auto = Sim::new(sc, Mode::Auto(cap)).run().rate;
+            sum += auto / plain;
+            vs_best += auto / best;
+            n += 1;
+        }
+        let n = f64::from(n.max(1) as u32);
+        println!(
+            "cap {cap}: auto/plain {:.3}, auto/best static {:.3} (mean over {n} winning scenarios)",
+            sum / n,
+            vs_best / n
+        );
+    }
+}
