@@ -1,7 +1,8 @@
-//! The controller against the latency-model upstream (`specd-sim`), whose tokens are a
-//! known function of the context: switching keeps the output exact, `auto` speculates
-//! when the drafts are good and relays when they are not, and the "why" is exported.
-//! Behaviour is asserted, never speed.
+//! specd against the latency-model upstream (`specd-sim`), whose tokens are a known
+//! function of the context: switching keeps the output exact, and `auto` stays exact with
+//! consistent usage whatever it chooses. Behaviour is asserted, never speed or which mode
+//! was chosen (that follows measured costs; the virtual-time harness in
+//! `speculation::controller::sim` checks the decisions).
 
 mod common;
 
@@ -106,151 +107,75 @@ async fn switching_keeps_every_token() {
     join_all(futs).await;
 }
 
-async fn relay_share(url: &str, seed: u64, keep: f64, mode: &str) -> (f64, Value) {
-    let (mut b, truth) = request(seed, 96, keep);
-    b["speculation"]["mode"] = json!(mode);
+/// One `auto` request of `n` tokens: its output must be the sim's continuation and its
+/// usage consistent, whichever path specd chose. Returns the speculation usage, absent
+/// when the request was passed through untouched.
+async fn auto_request(url: &str, seed: u64, n: u32, keep: f64) -> Option<Value> {
+    let (mut b, truth) = request(seed, n, keep);
+    b["speculation"]["mode"] = json!("auto");
     let (s, v) = post(url, "/v1/completions", &b).await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(token_ids(&v), truth);
-    let sp = v["usage"]["speculation"].clone();
-    let relayed = sp["relay_tokens"].as_f64().unwrap_or(0.0);
-    (relayed / 96.0, sp)
+    assert_eq!(token_ids(&v), truth, "seed {seed}, keep {keep}");
+    assert_eq!(v["usage"]["completion_tokens"], json!(n), "{v}");
+    let sp = v["usage"]
+        .get("speculation")
+        .filter(|s| s.is_object())?
+        .clone();
+    let num = |k: &str| sp[k].as_u64().unwrap_or(0);
+    assert!(num("accepted_tokens") <= num("draft_tokens"), "{sp}");
+    assert!(num("relay_tokens") <= u64::from(n), "{sp}");
+    // Every token not relayed came from a verify round: at most accepted + 1 per round.
+    let from_rounds = u64::from(n) - num("relay_tokens");
+    assert!(
+        from_rounds <= num("accepted_tokens") + num("rounds"),
+        "{sp}"
+    );
+    Some(sp)
 }
 
+/// Which path `auto` takes depends on measured costs, which follow the machine's load;
+/// the deterministic harness (`speculation::controller::sim`) checks the decisions. Here:
+/// whatever it chose, every output is exact and every count consistent.
 #[tokio::test]
-async fn auto_speculates_when_it_pays_and_relays_when_it_does_not() {
+async fn auto_output_is_exact_and_usage_consistent_whatever_it_chooses() {
     let sim = start_sim();
     let specd = specd_for(&sim).await;
-    // Warm up: the controller measures decode and verify costs.
-    for s in 0..3 {
-        relay_share(&specd.url, 100 + s, 0.9, "auto").await;
+    let mut passed = 0;
+    for (i, keep) in [0.9, 1.0, 0.0, 0.5, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        .into_iter()
+        .enumerate()
+    {
+        if auto_request(&specd.url, 100 + i as u64, 96, keep)
+            .await
+            .is_none()
+        {
+            passed += 1;
+        }
     }
-    // Perfect drafts: 7 tokens per ~31 ms verify against 12.1 ms per plain token.
-    let (good, sp) = relay_share(&specd.url, 7, 1.0, "auto").await;
-    assert!(good < 0.3, "good drafts should be speculated: {sp}");
-    assert!(sp["accepted_tokens"].as_u64() > Some(40), "{sp}");
-    // Hopeless drafts: relay — as long as the controller measured plain decoding faster
-    // than a verify round. On a starved machine the sim's relayed tokens can arrive
-    // slower than a verify round's one token, and then speculating is the right call.
-    let (bad, sp) = relay_share(&specd.url, 8, 0.0, "auto").await;
     let m = specd.metrics().await;
-    let decode = metric_sum(&m, "specd_controller_decode_cost_seconds");
-    let verify = m
-        .lines()
-        .filter(|l| l.starts_with("specd_controller_verify_cost_seconds{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .filter(|v| *v > 0.0)
-        .fold(f64::INFINITY, f64::min);
-    if decode < verify {
-        assert!(bad > 0.7, "bad drafts should be relayed: {sp}");
-    } else {
-        eprintln!("decode {decode}s >= verify {verify}s on this loaded machine: {sp}");
+    let not_paying = metric_sum(&m, "specd_passthrough_total{reason=\"not_paying\"}");
+    assert_eq!(not_paying as usize, passed, "passthrough count");
+    for name in [
+        "specd_controller_decode_cost_seconds",
+        "specd_controller_estimated_speedup",
+        "specd_mode_seconds_total",
+        "specd_controller_chosen_k",
+    ] {
+        assert!(m.contains(name), "{name} missing from /metrics");
     }
-    // Seeded sampling never relays, however bad the drafts.
+}
+
+/// Seeded sampled requests never relay, however bad the drafts (a relay would draw many
+/// positions from one random stream and change the output).
+#[tokio::test]
+async fn seeded_sampling_never_relays() {
+    let sim = start_sim();
+    let specd = specd_for(&sim).await;
     let (mut b, _) = request(9, 48, 0.0);
     b["speculation"]["mode"] = json!("auto");
     b["temperature"] = json!(0.8);
     b["seed"] = json!(5);
-    let (_, v) = post(&specd.url, "/v1/completions", &b).await;
+    let (s, v) = post(&specd.url, "/v1/completions", &b).await;
+    assert_eq!(s, 200, "{v}");
     assert_eq!(v["usage"]["speculation"]["relay_tokens"], json!(0), "{v}");
-
-    let m = specd.metrics().await;
-    let value = |name: &str| -> f64 {
-        m.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .fold(0.0, f64::max)
-    };
-    let dec = value("specd_controller_decode_cost_seconds");
-    assert!(dec > 0.008 && dec < 0.05, "decode cost {dec}");
-    assert!(value("specd_controller_verify_cost_seconds{k=\"6\"}") > dec);
-    assert!(value("specd_controller_estimated_speedup{drafter=\"oracle\"}") > 0.0);
-    assert!(value("specd_mode_seconds_total{mode=\"relay\"}") > 0.0);
-    assert!(value("specd_mode_switches_total") > 0.0);
-    assert!(value("specd_controller_chosen_k_count") > 0.0);
-}
-
-/// Where watched `auto` requests barely speculate, most new ones pass through untouched
-/// (one in 8 is still watched); a watched request that speculates turns watching back on.
-#[tokio::test]
-async fn auto_passes_through_while_speculation_does_not_pay() {
-    let sim = start_sim();
-    let specd = specd_for(&sim).await;
-    let url = specd.url.clone();
-    // (watched, tokens from verify rounds) of one auto request; the output is always exact.
-    let run = |seed: u64, keep: f64| {
-        let url = url.clone();
-        async move {
-            let (mut b, truth) = request(seed, 96, keep);
-            b["speculation"]["mode"] = json!("auto");
-            let (s, v) = post(&url, "/v1/completions", &b).await;
-            assert_eq!(s, 200, "{v}");
-            assert_eq!(token_ids(&v), truth, "seed {seed}");
-            let sp = &v["usage"]["speculation"];
-            let relayed = sp["relay_tokens"].as_u64().unwrap_or(0);
-            (sp.is_object(), 96 - relayed.min(96))
-        }
-    };
-    // Hopeless drafts until the window holds enough tokens (512) to judge.
-    let mut speculated = 0;
-    for seed in 0..6 {
-        let (watched, spec) = run(200 + seed, 0.0).await;
-        assert!(watched, "too early to pass requests through");
-        speculated += spec;
-    }
-    let m = specd.metrics().await;
-    let decode = metric_sum(&m, "specd_controller_decode_cost_seconds");
-    if speculated * 50 >= 6 * 96 {
-        // A starved machine can measure plain decoding slower than a verify round; then
-        // speculating was the right call and nothing should pass through.
-        eprintln!("speculated {speculated} of 576 tokens (decode cost {decode}s)");
-        let (watched, _) = run(300, 0.0).await;
-        assert!(watched);
-        return;
-    }
-    let mut watched = 0;
-    for seed in 0..16 {
-        watched += usize::from(run(400 + seed, 0.0).await.0);
-    }
-    // One in 8, plus one each time the probe interval (10 s) passed (more on a slow
-    // machine, where these 16 requests take longer).
-    assert!((1..=8).contains(&watched), "{watched} of 16 watched");
-    let m = specd.metrics().await;
-    assert_eq!(
-        metric_sum(&m, "specd_passthrough_total{reason=\"not_paying\"}") as usize,
-        16 - watched
-    );
-    assert!(metric_sum(&m, "specd_controller_auto_speculated_share") < 0.02);
-    // Perfect drafts: watched ones speculate, and once the window shows speculation paying
-    // (both gauges past their thresholds) every request is watched again. On a busy
-    // machine one perfect request may not be enough: it may speculate only part of its
-    // tokens, or not outweigh the hopeless requests that speculated a little.
-    let gauges = || async {
-        let m = specd.metrics().await;
-        (
-            metric_sum(&m, "specd_controller_auto_speculated_share"),
-            metric_sum(&m, "specd_controller_realized_speedup"),
-        )
-    };
-    let (mut share, mut realized) = gauges().await;
-    let mut seed = 500;
-    loop {
-        seed += 1;
-        assert!(
-            seed < 560,
-            "perfect drafts never turned watching back on (share {share}, realized {realized})"
-        );
-        let (watched, spec) = run(seed, 1.0).await;
-        if !watched {
-            continue;
-        }
-        (share, realized) = gauges().await;
-        eprintln!("perfect drafts: {spec} of 96 speculated; share {share}, realized {realized}");
-        if share >= 0.02 && !(realized > 0.0 && realized < 1.0) {
-            break;
-        }
-    }
-    for s in 0..4 {
-        assert!(run(600 + s, 0.0).await.0, "watching should be back on");
-    }
 }

@@ -7,6 +7,5 @@ pub mod generation;
 pub mod limits;
 pub mod output;
 pub mod policy;
-mod relay;
 pub mod request;
 pub mod session;

@@ -21,13 +21,37 @@
 //!
 //! Switching costs a relay (re)start: its first-token latency exceeds T_dec. So in `auto`
 //! a speculating stream relays when the speedup is below 1 and the time lost by a few
-//! such rounds (4, or the rounds left in the generation) exceeds that extra cost; a
+//! such rounds (4, or as many as the verdict has held in a row, never more than the
+//! rounds left in the generation) exceeds that extra cost; a
 //! relaying stream comes back when a round at k* saves time (E·T_dec − L − T > 0) and a
 //! few such rounds save more than that extra cost. `on`
 //! verifies whatever the drafter proposed, up to the request's K. Seeded sampled requests
 //! never relay (a relay segment draws many positions from one random stream, so where it
 //! starts would change the output); they choose among k = 0..K, k = 0 being one plain
 //! token through a verify call.
+//!
+//! # Guarantees
+//! Checked over every scenario of the simulation harness (`sim/`, virtual time; the table
+//! with the measured worst cases is in `docs/controller.md`): (a) where speculation loses,
+//! `auto` ≥ 0.97× plain, and (b) where it wins, ≥ 0.95× the best static K — targets met in
+//! most scenarios, with the worst case measured and enforced as a bound; (c) the switch
+//! after a phase change, (d) rounds in a row with nothing accepted while decoding is
+//! measured cheaper than a verify (the switch horizon grows with the losing streak, so
+//! this is bounded by the relay restart cost over the loss per round), (e) recovery of
+//! the estimates after a load spike (stale verify costs are trusted less each probe
+//! interval; few-sample ones are re-probed sooner).
+//!
+//! # The parts
+//! - `costs.rs` — the cost model: T_dec, relay restart and T_ver(k) by load level, draft
+//!   cost per drafter, and the choice of the best K over them.
+//! - `acceptance.rs` — the acceptance model: calibration per drafter, residual per stream.
+//! - `load.rs` — the load tracker: streams speculating, relaying, passing through, and
+//!   clients that bypass specd.
+//! - `watch.rs` — admission: which `auto` requests run the loop at all.
+//! - `decide.rs` — the decision rule: `plan_round`, `plan_resume`.
+//! - `relay.rs` — the relay tracker: a relaying stream's per-token measurements and checks.
+//! - `clock.rs` — the time every estimate is stamped with: the system clock in
+//!   production, a virtual one in the tests and the simulation harness.
 //!
 //! # The estimates (shared by all streams of the upstream)
 //! - T_dec and the relay restart latency, by the number of active streams, from relay
@@ -36,16 +60,22 @@
 //!   over the segment, so bursts of buffered tokens barely move it); until a segment was
 //!   that long, the mean of 4-token windows. Speculation is compared with plain decoding
 //!   at its recent best, so a machine whose speed wanders does not make marginal rounds
-//!   look like wins.
-//! - T_ver(k), by the number of streams speculating at once, from every verify call.
-//!   Missing k are interpolated from measured ones; a missing level borrows the nearest.
+//!   look like wins. Gaps that overlapped a verify call of this server are skipped: a
+//!   verify step slows the whole batch, and that is charged to the round as L(k).
+//! - T_ver(k), by the number of streams speculating at once, from every verify call, and
+//!   the relay restart latency: low envelopes too, so one stalled call cannot switch
+//!   speculation off; a level's verify costs resting on fewer than 8 samples are
+//!   re-probed proportionally sooner than the probe interval. Missing k are interpolated
+//!   from measured ones; a missing level borrows the nearest.
 //! - T_draft per drafter (times the share of drafts hidden behind verify calls by overlap).
 //! - Acceptance: per drafter, a calibration of its confidences (by position group and
 //!   confidence decile, with the confidence itself as the prior), plus a per-stream
 //!   residual that tracks how this stream deviates from it right now. Observations come
 //!   from verify rounds and, while relaying, from checking shadow proposals against the
 //!   tokens the upstream streams back — so acceptance stays fresh in both modes.
-//! - "Others" are this server's relaying streams and passthrough requests, plus the
+//! - "Others" are this server's relaying streams (less those whose drafts would pay on
+//!   their own: they are about to verify too, and then share the batch's extend step
+//!   rather than suffer it) and passthrough requests, plus the
 //!   upstream's running requests (from its `/metrics`) beyond what this server can have
 //!   had there when they were read — clients that bypass specd.
 //!
@@ -64,45 +94,38 @@
 //! cost measured in a load spike must not keep speculation off for good). A few rounds
 //! try another K than the best (`explore`), so neighbouring K stay measured.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod estimates;
+mod acceptance;
+pub mod clock;
+mod costs;
+mod decide;
+mod load;
+pub mod relay;
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;
 mod watch;
 
+pub use acceptance::Residual;
+pub use clock::{Clock, SystemClock, VirtualClock};
+pub use costs::expected_tokens;
+pub use load::RunningSource;
+pub use relay::RelayTracker;
 pub use watch::Watched;
 
-pub use estimates::expected_tokens;
-use estimates::{level_of, staleness, Costs, DrafterStats, Level, STALE_TRUST};
+use acceptance::AcceptanceModel;
+use costs::CostModel;
+use load::LoadTracker;
 
-use crate::config::SpecMode;
-use crate::draft::{DrafterKind, Proposal};
+use crate::draft::DrafterKind;
 use crate::inflight::InFlight;
-use crate::metrics::labels::StreamMode;
 use crate::metrics::Metrics;
 
 /// Largest K the estimates track (requests may ask for more; costs beyond are extrapolated).
 pub const K_TRACKED: usize = 16;
-const LEVELS: usize = 8;
-/// Learning rate floor of the cost EWMAs (earlier samples average 1/n).
-const COST_ALPHA: f64 = 0.1;
-/// Learning rates of the per-stream acceptance residual: a slow one that is used, and a
-/// fast one that replaces it when the two disagree by more than the fast one's noise (and
-/// at least `RESIDUAL_JUMP`): the stream's acceptance changed, e.g. it left a repetitive
-/// region.
-const RESIDUAL_SLOW: f64 = 0.05;
-const RESIDUAL_FAST: f64 = 0.3;
-const RESIDUAL_JUMP: f64 = 0.3;
-/// Rounds a state (speculation paying or not) is expected to last, when weighing a switch
-/// against the cost of restarting a relay; fewer when the generation ends sooner.
-const SWITCH_HORIZON: f64 = 4.0;
-
-fn horizon(remaining: usize, tokens_per_round: f64) -> f64 {
-    (remaining as f64 / tokens_per_round.max(1.0)).clamp(1.0, SWITCH_HORIZON)
-}
 /// Tokens a decode-cost probe relays before the stream may leave relay again.
 pub const PROBE_TOKENS: u32 = 8;
 
@@ -136,9 +159,10 @@ impl Default for ControllerConfig {
 
 /// One stream's controller state (owned by its loop).
 pub struct StreamCtl {
-    /// Observed minus predicted acceptance, smoothed: how this stream deviates now.
-    residual: f64,
-    residual_fast: f64,
+    residual: Residual,
+    /// Decisions in a row that found the current mode worse than the other one, without
+    /// enough gain yet to pay for switching (see `horizon`).
+    streak: u32,
     /// False for seeded sampled requests (see the module comment).
     pub may_relay: bool,
     rng: fastrand::Rng,
@@ -147,44 +171,22 @@ pub struct StreamCtl {
 impl StreamCtl {
     pub fn new(may_relay: bool, seed: u64) -> Self {
         StreamCtl {
-            residual: 0.0,
-            residual_fast: 0.0,
+            residual: Residual::default(),
+            streak: 0,
             may_relay,
             rng: fastrand::Rng::with_seed(seed),
         }
     }
 }
 
-/// Counts a stream as load while it lives.
-pub struct Active(Arc<Controller>);
-impl Drop for Active {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Requests the upstream reports running, and when that was read (its `/metrics`).
-pub type RunningSource = Box<dyn Fn() -> Option<(f64, Instant)> + Send + Sync>;
-
-/// How long a reading of the upstream's running requests is trusted.
-const RUNNING_FRESH: Duration = Duration::from_secs(2);
-
 pub struct Controller {
     cfg: ControllerConfig,
-    levels: Mutex<[Level; LEVELS]>,
-    drafters: Mutex<[DrafterStats; DrafterKind::COUNT]>,
-    active: AtomicUsize,
-    relaying: AtomicUsize,
-    /// Prompts of this server's verify calls in flight, and the recent peak of those plus
-    /// relays (previous and current window): what the upstream may have counted as ours
-    /// when it was last read.
-    verify_prompts: AtomicUsize,
-    peak: Mutex<(usize, usize, Instant)>,
-    running: Option<RunningSource>,
-    metrics: Option<Arc<Metrics>>,
-    /// Client requests in flight (passthrough ones load the upstream too).
-    in_flight: Arc<InFlight>,
+    clock: Arc<dyn Clock>,
+    costs: CostModel,
+    acceptance: AcceptanceModel,
+    load: LoadTracker,
     watch: watch::Watch,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Default for Controller {
@@ -197,54 +199,116 @@ impl Controller {
     pub fn new(cfg: ControllerConfig, metrics: Option<Arc<Metrics>>) -> Self {
         Controller {
             watch: watch::Watch::new(cfg.watch_every, cfg.probe_interval),
+            costs: CostModel::new(cfg.probe_interval),
             cfg,
-            levels: Mutex::new([Level::default(); LEVELS]),
-            drafters: Mutex::new([DrafterStats::default(); DrafterKind::COUNT]),
-            active: AtomicUsize::new(0),
-            relaying: AtomicUsize::new(0),
-            verify_prompts: AtomicUsize::new(0),
-            peak: Mutex::new((0, 0, Instant::now())),
-            running: None,
+            clock: Arc::new(SystemClock),
+            acceptance: AcceptanceModel::default(),
+            load: LoadTracker::default(),
             metrics,
-            in_flight: Arc::default(),
         }
     }
 
+    /// Read the time from `clock` (a virtual one in tests and the simulation harness).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Count the server's passthrough requests in flight as load on the upstream.
+    pub fn with_in_flight(mut self, t: Arc<InFlight>) -> Self {
+        self.load.in_flight = t;
+        self
+    }
+
+    /// Use the upstream's own count of running requests to see load from other clients.
+    pub fn with_upstream_running(mut self, f: RunningSource) -> Self {
+        self.load.running = Some(f);
+        self
+    }
+
+    /// The time on the controller's clock.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
     pub fn enter(self: &Arc<Self>) -> Active {
-        self.active.fetch_add(1, Ordering::Relaxed);
+        self.load.enter();
         Active(self.clone())
     }
 
     /// Streams of this server at the upstream: sessions and passthrough requests.
     pub fn load(&self) -> usize {
-        self.active.load(Ordering::Relaxed) + self.passing()
-    }
-
-    /// Passthrough requests in flight.
-    fn passing(&self) -> usize {
-        self.in_flight.count(StreamMode::Passthrough)
+        self.load.streams()
     }
 
     /// Streams in speculation right now (at least 1: the caller).
     pub fn speculating(&self) -> usize {
-        self.active
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.relaying.load(Ordering::Relaxed))
-            .max(1)
+        self.load.speculating()
+    }
+
+    /// Marks `prompts` verify prompts as in flight at the upstream while the guard lives.
+    pub fn verifying(self: &Arc<Self>, prompts: usize) -> Verifying {
+        self.load.start_verify(prompts, self.now());
+        Verifying(self.clone(), prompts)
+    }
+
+    /// Marks the caller as relaying while the guard lives.
+    pub fn relaying(self: &Arc<Self>) -> Relaying {
+        self.load.start_relay(self.now());
+        Relaying {
+            ctl: self.clone(),
+            willing: false,
+        }
+    }
+
+    /// Changes whenever a verify call starts; with `verify_in_flight`, tells a relay
+    /// whether its tokens' gaps were those of plain decoding alone.
+    pub fn verify_epoch(&self) -> u64 {
+        self.load.verify_epoch()
+    }
+
+    /// Whether any verify call of this server is at the upstream now.
+    pub fn verify_in_flight(&self) -> bool {
+        self.load.verify_in_flight()
     }
 
     /// Should this `auto` request run the session loop (see `watch.rs`)? False when recent
     /// ones barely speculated; it is then passed through untouched.
     pub fn watch_auto(&self) -> bool {
-        self.watch.admit()
+        self.watch.admit(self.now())
     }
 
     /// Seconds plain decoding of `tokens` tokens takes at the current load, by the
     /// measurements from relays: first-token latency, then a decode step per token.
     pub fn plain_seconds(&self, tokens: u32) -> Option<f64> {
-        let c = self.costs(self.load(), 1, 0);
+        let c = self.costs.costs(self.load(), 1, 0, self.now());
         let dec = c.dec?;
         Some(c.restart.unwrap_or(dec) + f64::from(tokens.saturating_sub(1)) * dec)
+    }
+
+    /// T_dec as decisions use it at `load` streams (None until measured).
+    pub fn decode_cost_estimate(&self, load: usize) -> Option<f64> {
+        self.costs.costs(load, 1, 0, self.now()).dec
+    }
+
+    /// T_ver(k) as decisions use it with `spec` streams speculating (None until measured).
+    pub fn verify_cost_estimate(&self, k: usize, spec: usize) -> Option<f64> {
+        self.costs
+            .costs(1, spec, k, self.now())
+            .ver
+            .get(k)
+            .copied()
+            .flatten()
+    }
+
+    /// p_i for each confidence of a proposal, as this stream's decisions see them.
+    pub fn acceptance_estimate(
+        &self,
+        s: &StreamCtl,
+        drafter: DrafterKind,
+        conf: &[f32],
+    ) -> Vec<f64> {
+        self.acceptance.per_position(&s.residual, drafter, conf)
     }
 
     /// A watched `auto` request ended.
@@ -261,27 +325,9 @@ impl Controller {
         }
     }
 
-    fn with_level<R>(&self, load: usize, f: impl FnOnce(&mut Level) -> R) -> Option<R> {
-        let mut g = self.levels.lock().ok()?;
-        Some(f(&mut g[level_of(load)]))
-    }
-
-    fn with_drafter<R>(
-        &self,
-        drafter: DrafterKind,
-        f: impl FnOnce(&mut DrafterStats) -> R,
-    ) -> Option<R> {
-        let mut g = self.drafters.lock().ok()?;
-        Some(f(&mut g[drafter.index()]))
-    }
-
     /// A verify call of k drafts while `spec` streams (this one included) speculated.
     pub fn record_verify(&self, k: usize, spec: usize, dt: Duration) {
-        let v = self.with_level(spec, |l| {
-            let e = &mut l.ver[k.min(K_TRACKED)];
-            e.add(dt.as_secs_f64(), COST_ALPHA);
-            e.v
-        });
+        let v = self.costs.add_verify(k, spec, dt.as_secs_f64(), self.now());
         if let (Some(m), Some(v)) = (&self.metrics, v) {
             m.verify_cost
                 .with_label_values(&[K_LABELS[k.min(K_TRACKED)]])
@@ -291,39 +337,34 @@ impl Controller {
 
     /// First token of a relay segment: the cost of (re)starting one.
     pub fn record_relay_start(&self, load: usize, dt: Duration) {
-        self.with_level(load, |l| l.restart.add(dt.as_secs_f64(), COST_ALPHA));
+        self.costs
+            .add_relay_start(load, dt.as_secs_f64(), self.now());
     }
 
     /// Plain decoding: `per_token` seconds per token over a window of relayed tokens.
     pub fn record_decode(&self, load: usize, per_token: f64) {
-        let v = self.with_level(load, |l| {
-            l.dec.add(per_token, COST_ALPHA);
-            l.dec_cost()
-        });
-        if let (Some(m), Some(v)) = (&self.metrics, v) {
-            m.decode_cost.set(v);
-        }
+        let v = self.costs.add_decode_window(load, per_token, self.now());
+        self.publish_decode_cost(v);
     }
 
     /// Plain decoding: the mean gap over a relay segment so far (feeds the low envelope).
     pub fn record_decode_mean(&self, load: usize, per_token: f64) {
-        let v = self.with_level(load, |l| {
-            l.dec_low.add_low(per_token);
-            l.dec_cost()
-        });
+        let v = self.costs.add_decode_mean(load, per_token, self.now());
+        self.publish_decode_cost(v);
+    }
+
+    fn publish_decode_cost(&self, v: Option<f64>) {
         if let (Some(m), Some(v)) = (&self.metrics, v) {
             m.decode_cost.set(v);
         }
     }
 
     pub fn record_draft(&self, drafter: DrafterKind, dt: Duration) {
-        self.with_drafter(drafter, |d| d.draft.add(dt.as_secs_f64(), COST_ALPHA));
+        self.costs.add_draft(drafter, dt.as_secs_f64(), self.now());
     }
 
     pub fn record_overlap(&self, drafter: DrafterKind, hit: bool) {
-        self.with_drafter(drafter, |d| {
-            d.overlap_hit.add(f64::from(u8::from(hit)), COST_ALPHA)
-        });
+        self.costs.add_overlap(drafter, hit, self.now());
     }
 
     /// A verified (or shadow-checked) proposal: the first `accepted` of `conf.len()` drafts
@@ -335,150 +376,11 @@ impl Controller {
         conf: &[f32],
         accepted: usize,
     ) {
-        let (mut slow, mut fast) = (s.residual, s.residual_fast);
-        self.with_drafter(drafter, |d| {
-            for (i, &c) in conf.iter().enumerate().take(accepted + 1) {
-                let ok = f64::from(u8::from(i < accepted));
-                let base = d.calibrated(i, c);
-                slow += RESIDUAL_SLOW * (ok - (base + slow).clamp(0.01, 0.99));
-                fast += RESIDUAL_FAST * (ok - (base + fast).clamp(0.01, 0.99));
-                slow = slow.clamp(-1.0, 1.0);
-                fast = fast.clamp(-1.0, 1.0);
-                // Snap when the fast estimate is further off than its own noise allows
-                // (3 standard deviations of an EWMA of Bernoulli(p) outcomes).
-                let q = (base + slow).clamp(0.01, 0.99);
-                let noise = (RESIDUAL_FAST / (2.0 - RESIDUAL_FAST) * q * (1.0 - q)).sqrt();
-                if (fast - slow).abs() > (3.0 * noise).max(RESIDUAL_JUMP) {
-                    slow = fast;
-                }
-                d.learn(i, c, i < accepted);
-            }
-        });
-        s.residual = slow;
-        s.residual_fast = fast;
+        self.acceptance
+            .observe(&mut s.residual, drafter, conf, accepted);
     }
 
-    /// p_i for each proposed token.
-    fn acceptance(&self, s: &StreamCtl, drafter: DrafterKind, conf: &[f32]) -> Vec<f64> {
-        self.with_drafter(drafter, |d| {
-            conf.iter()
-                .enumerate()
-                .map(|(i, &c)| (d.calibrated(i, c) + s.residual).clamp(0.01, 0.99))
-                .collect()
-        })
-        .unwrap_or_default()
-    }
-
-    /// Streams of this server decoding plainly besides the caller: relaying streams (less
-    /// the caller when it relays) and passthrough requests.
-    fn others_decoding(&self, self_relaying: bool) -> usize {
-        let relaying = self.relaying.load(Ordering::Relaxed);
-        let pass = self.passing();
-        // Clients of the upstream that do not go through this server: what it reports
-        // running beyond the most this server can have had there when it was read.
-        let external = self
-            .running
-            .as_ref()
-            .and_then(|f| f())
-            .filter(|(_, at)| at.elapsed() < RUNNING_FRESH)
-            .map_or(0, |(running, _)| {
-                let peak = self.peak.lock().map_or(0, |g| g.0.max(g.1));
-                let ours = pass + peak.max(self.own_requests());
-                (running - ours as f64).max(0.0) as usize
-            });
-        relaying.saturating_sub(usize::from(self_relaying)) + pass + external
-    }
-
-    /// Count the server's passthrough requests in flight as load on the upstream.
-    pub fn with_in_flight(mut self, t: Arc<InFlight>) -> Self {
-        self.in_flight = t;
-        self
-    }
-
-    /// Use the upstream's own count of running requests to see load from other clients.
-    pub fn with_upstream_running(mut self, f: RunningSource) -> Self {
-        self.running = Some(f);
-        self
-    }
-
-    /// Requests this server has at the upstream now: verify prompts and relays.
-    fn own_requests(&self) -> usize {
-        self.verify_prompts.load(Ordering::Relaxed) + self.relaying.load(Ordering::Relaxed)
-    }
-
-    /// Remember the recent peak of our own requests (a reading may predate a drop).
-    fn note_peak(&self) {
-        let now = self.own_requests();
-        if let Ok(mut g) = self.peak.lock() {
-            if g.2.elapsed() > RUNNING_FRESH {
-                *g = (g.1, 0, Instant::now());
-            }
-            g.1 = g.1.max(now);
-        }
-    }
-
-    /// Marks `prompts` verify prompts as in flight at the upstream while the guard lives.
-    pub fn verifying(self: &Arc<Self>, prompts: usize) -> Verifying {
-        self.verify_prompts.fetch_add(prompts, Ordering::Relaxed);
-        self.note_peak();
-        Verifying(self.clone(), prompts)
-    }
-
-    /// Costs: T_dec and relay restart at `load` streams, T_ver(k) with `spec` streams
-    /// speculating at once (k = 0..=kmax), and whether they are stale.
-    fn costs(&self, load: usize, spec: usize, kmax: usize) -> Costs {
-        let Ok(g) = self.levels.lock() else {
-            return Costs::default();
-        };
-        let nearest = |me: usize, has: &dyn Fn(&Level) -> bool| {
-            (0..LEVELS)
-                .filter(|&i| has(&g[i]))
-                .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
-        };
-        let (dl, vl) = (level_of(load), level_of(spec));
-        let dec = nearest(dl, &|l: &Level| l.dec.n > 0).map(|i| g[i].dec_cost());
-        let restart = nearest(dl, &|l: &Level| l.restart.n > 0).map(|i| g[i].restart.v);
-        let ver_at = nearest(vl, &|l: &Level| l.has_ver());
-        let ver = (0..=kmax)
-            .map(|k| ver_at.and_then(|i| g[i].ver_at(k)))
-            .collect();
-        let age = self.cfg.probe_interval;
-        Costs {
-            dec,
-            restart,
-            ver,
-            dec_stale: g[dl].dec.stale(age),
-            ver_staleness: staleness(&g[vl].ver, age),
-        }
-    }
-
-    /// Claim the decode (or verify) probe of a level: true for one caller per interval.
-    fn claim_probe(&self, level_load: usize, verify: bool) -> bool {
-        let Ok(mut g) = self.levels.lock() else {
-            return false;
-        };
-        let l = &mut g[level_of(level_load)];
-        let slot = if verify {
-            &mut l.ver_probe
-        } else {
-            &mut l.dec_probe
-        };
-        if slot.is_some_and(|t| t.elapsed() < self.cfg.probe_interval) {
-            return false;
-        }
-        *slot = Some(Instant::now());
-        true
-    }
-
-    /// Draft cost per round, less what overlap hides.
-    fn draft_cost(&self, drafter: DrafterKind) -> f64 {
-        self.with_drafter(drafter, |d| {
-            d.draft.get().unwrap_or(0.0) * (1.0 - d.overlap_hit.get().unwrap_or(0.0))
-        })
-        .unwrap_or(0.0)
-    }
-
-    fn publish(&self, drafter: DrafterKind, speedup: f64) {
+    fn publish_speedup(&self, drafter: DrafterKind, speedup: f64) {
         if let Some(m) = &self.metrics {
             // A round whose cost to the other streams exceeds its gain nets fewer than zero
             // tokens; to a reader that is simply no speedup.
@@ -488,166 +390,51 @@ impl Controller {
         }
     }
 
-    /// Speculating: what this round does with `proposal` (already cut to the round's cap).
-    pub fn plan_round(
-        &self,
-        s: &mut StreamCtl,
-        mode: SpecMode,
-        drafter: DrafterKind,
-        proposal: &Proposal,
-        remaining: usize,
-    ) -> Decision {
-        let kp = proposal.tokens.len();
-        if mode != SpecMode::Auto {
-            return Decision::Speculate(kp);
-        }
-        let load = self.load();
-        let others = self.others_decoding(false);
-        let spec = load.saturating_sub(others).max(1);
-        let p = self.acceptance(s, drafter, &proposal.confidence);
-        let c = self.costs(load, spec, kp);
-        let t_draft = self.draft_cost(drafter);
-        let lo = usize::from(s.may_relay);
-        match (c.dec, c.best(&p, t_draft, lo, others, spec)) {
-            // Never measured a verify round: measure one if there is anything to verify.
-            (_, None) if kp > 0 => Decision::Speculate(kp),
-            (_, None) if !s.may_relay => Decision::Speculate(0),
-            (_, None) => Decision::Relay { probe: false },
-            // Decode cost unknown: relay (plain decoding is never a loss) and measure it;
-            // one stream per interval holds the probe, which keeps it relaying a while.
-            (None, Some(b)) => {
-                if s.may_relay {
-                    Decision::Relay {
-                        probe: self.claim_probe(load, false),
-                    }
-                } else {
-                    Decision::Speculate(b.k)
-                }
-            }
-            (Some(dec), Some(b)) => {
-                self.publish(drafter, b.speedup(dec));
-                let d = if !s.may_relay {
-                    Decision::Speculate(b.k)
-                } else if b.speedup(dec) < 1.0 {
-                    // Leaving costs a relay restart; stay when a few such rounds lose less
-                    // than that (a small dip in the estimates must not cause flapping).
-                    let loss = b.time - b.tokens * dec;
-                    let restart = c.restart.map_or(0.0, |r| (r - dec).max(0.0));
-                    if horizon(remaining, b.tokens) * loss > restart {
-                        Decision::Relay { probe: false }
-                    } else {
-                        Decision::Speculate(b.k)
-                    }
-                } else if c.dec_stale && self.claim_probe(load, false) {
-                    Decision::Relay { probe: true }
-                } else if kp >= 2 && s.rng.f64() < self.cfg.explore {
-                    let other = s.rng.usize(1..kp);
-                    Decision::Speculate(if other >= b.k { other + 1 } else { other })
-                } else {
-                    Decision::Speculate(b.k)
-                };
-                tracing::debug!(
-                    ?d,
-                    k = b.k,
-                    tokens = b.tokens,
-                    round_ms = b.time * 1e3,
-                    dec_ms = dec * 1e3,
-                    restart_ms = c.restart.map(|r| r * 1e3),
-                    residual = s.residual,
-                    ?p,
-                    load,
-                    others,
-                    "plan round"
-                );
-                d
-            }
-        }
-    }
-
-    /// Relaying: leave relay for a verify round of the returned K with this proposal?
-    pub fn plan_resume(
-        &self,
-        s: &mut StreamCtl,
-        drafter: DrafterKind,
-        proposal: &Proposal,
-        remaining: usize,
-    ) -> Option<usize> {
-        let kp = proposal.tokens.len();
-        if kp == 0 {
-            return None;
-        }
-        let load = self.load();
-        let others = self.others_decoding(true);
-        let spec = load.saturating_sub(others).max(1);
-        let p = self.acceptance(s, drafter, &proposal.confidence);
-        let c = self.costs(load, spec, kp);
-        let t_draft = self.draft_cost(drafter);
-        let Some(b) = c.best(&p, t_draft, 1, others, spec) else {
-            // Verify cost never measured: measure it (one stream per interval).
-            return self.claim_probe(spec, true).then_some(kp);
-        };
-        let dec = c.dec?;
-        self.publish(drafter, b.speedup(dec));
-        // Time the round saves, net of what it costs the others, against the extra cost
-        // of restarting a relay when speculation stops paying again.
-        let gain = b.tokens * dec - b.time;
-        let switch_cost = c.restart.map_or(0.0, |r| (r - dec).max(0.0));
-        let rounds = horizon(remaining, b.tokens);
-        tracing::debug!(
-            k = b.k,
-            tokens = b.tokens,
-            round_ms = b.time * 1e3,
-            dec_ms = dec * 1e3,
-            switch_ms = switch_cost * 1e3,
-            residual = s.residual,
-            ?p,
-            load,
-            others,
-            "plan resume"
-        );
-        if gain > 0.0 && gain * rounds > switch_cost {
-            return Some(b.k);
-        }
-        // A stale verify cost may hide a chance (it may have been measured in a load
-        // spike): re-measure when an optimistic guess pays. The older the estimate, the
-        // less it is trusted, so a high one cannot keep speculation off for good.
-        let trust = STALE_TRUST.powf(c.ver_staleness);
-        let optimistic = b.tokens * dec > t_draft + trust * (b.time - t_draft);
-        (c.ver_staleness > 0.0 && optimistic && self.claim_probe(spec, true)).then_some(b.k)
-    }
-
     /// Relaying: draft for shadow checks every this many tokens (slow drafters less often).
     pub fn shadow_stride(&self, drafter: DrafterKind) -> u32 {
-        let t_draft = self
-            .with_drafter(drafter, |d| d.draft.get())
-            .flatten()
-            .unwrap_or(0.0);
-        let dec = self.costs(self.load(), 1, 0).dec.unwrap_or(0.0);
+        let t_draft = self.costs.draft_seconds(drafter).unwrap_or(0.0);
+        let dec = self.decode_cost_estimate(self.load()).unwrap_or(0.0);
         if t_draft <= 0.0 || dec <= 0.0 {
             return 1;
         }
         ((t_draft / (0.25 * dec)).ceil() as u32).clamp(1, 16)
     }
+}
 
-    /// Marks the caller as relaying while the guard lives.
-    pub fn relaying(self: &Arc<Self>) -> Relaying {
-        self.relaying.fetch_add(1, Ordering::Relaxed);
-        self.note_peak();
-        Relaying(self.clone())
+/// Counts a stream as load while it lives.
+pub struct Active(Arc<Controller>);
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.load.leave();
     }
 }
 
 pub struct Verifying(Arc<Controller>, usize);
 impl Drop for Verifying {
     fn drop(&mut self) {
-        self.0.verify_prompts.fetch_sub(self.1, Ordering::Relaxed);
+        self.0.load.end_verify(self.1);
     }
 }
 
-pub struct Relaying(Arc<Controller>);
+/// Marks a stream as relaying while it lives, and whether its drafts would pay on their own.
+pub struct Relaying {
+    ctl: Arc<Controller>,
+    willing: bool,
+}
+
+impl Relaying {
+    fn set_willing(&mut self, w: bool) {
+        if w != self.willing {
+            self.ctl.load.set_willing(w);
+            self.willing = w;
+        }
+    }
+}
+
 impl Drop for Relaying {
     fn drop(&mut self) {
-        self.0.relaying.fetch_sub(1, Ordering::Relaxed);
+        self.set_willing(false);
+        self.ctl.load.end_relay();
     }
 }
 

@@ -1,4 +1,7 @@
 use super::*;
+use crate::config::SpecMode;
+use crate::draft::Proposal;
+use std::time::Instant;
 
 fn ctl() -> Arc<Controller> {
     Arc::new(Controller::new(
@@ -52,12 +55,13 @@ fn expected_tokens_is_one_plus_cumulative_products() {
 
 #[test]
 fn verify_cost_is_interpolated_and_extrapolated() {
-    let mut l = Level::default();
+    let now = Instant::now();
+    let mut l = costs::Level::default();
     assert_eq!(l.ver_at(3), None);
-    l.ver[2].add(0.030, 0.1);
+    l.ver[2].add(0.030, 0.1, now);
     // One point: a mild 3 % per token slope, never below half.
     assert!((l.ver_at(4).unwrap_or(0.0) - 0.030 * 1.06).abs() < 1e-9);
-    l.ver[6].add(0.034, 0.1);
+    l.ver[6].add(0.034, 0.1, now);
     assert!((l.ver_at(4).unwrap_or(0.0) - 0.032).abs() < 1e-9);
     assert!((l.ver_at(8).unwrap_or(0.0) - 0.036).abs() < 1e-9);
     assert!((l.ver_at(0).unwrap_or(0.0) - 0.028).abs() < 1e-9);
@@ -165,8 +169,8 @@ fn confidence_is_calibrated_per_drafter() {
     for _ in 0..200 {
         c.observe_acceptance(&mut s, DrafterKind::Suffix, &[0.9, 0.9, 0.9, 0.2], 3);
     }
-    let hi = c.acceptance(&StreamCtl::new(true, 2), DrafterKind::Suffix, &[0.95]);
-    let lo = c.acceptance(
+    let hi = c.acceptance_estimate(&StreamCtl::new(true, 2), DrafterKind::Suffix, &[0.95]);
+    let lo = c.acceptance_estimate(
         &StreamCtl::new(true, 2),
         DrafterKind::Suffix,
         &[0.25, 0.25, 0.25, 0.25],
@@ -174,7 +178,7 @@ fn confidence_is_calibrated_per_drafter() {
     assert!(hi[0] > 0.95, "{hi:?}");
     assert!(lo[3] < 0.1, "{lo:?}");
     // Other drafters are not affected.
-    let other = c.acceptance(&StreamCtl::new(true, 2), DrafterKind::Ngram, &[0.2]);
+    let other = c.acceptance_estimate(&StreamCtl::new(true, 2), DrafterKind::Ngram, &[0.2]);
     assert!((other[0] - 0.2).abs() < 1e-6);
 }
 
@@ -381,14 +385,18 @@ fn clients_that_bypass_specd_count_as_decoding_streams() {
 
 #[test]
 fn an_old_verify_cost_is_trusted_less_and_less() {
-    let c = Arc::new(Controller::new(
-        ControllerConfig {
-            probe_interval: Duration::from_secs(10),
-            explore: 0.0,
-            watch_every: 1,
-        },
-        None,
-    ));
+    let clock = Arc::new(VirtualClock::default());
+    let c = Arc::new(
+        Controller::new(
+            ControllerConfig {
+                probe_interval: Duration::from_secs(10),
+                explore: 0.0,
+                watch_every: 1,
+            },
+            None,
+        )
+        .with_clock(clock.clone()),
+    );
     // Verify rounds measured in a load spike: 200 ms, where 8 good drafts are worth
     // about 100 ms of plain decoding.
     for _ in 0..20 {
@@ -402,15 +410,9 @@ fn an_old_verify_cost_is_trusted_less_and_less() {
     let _r = c.relaying();
     let mut s = StreamCtl::new(true, 1);
     teach(&c, &mut s, 0.98, 0.5);
+    let measured_at = clock.now();
     let measured_ago = |intervals: u64| {
-        let at = Instant::now().checked_sub(Duration::from_secs(10 * intervals) + ms(1.0));
-        if let Ok(mut g) = c.levels.lock() {
-            for e in g.iter_mut().flat_map(|l| l.ver.iter_mut()) {
-                if e.at.is_some() {
-                    e.at = at;
-                }
-            }
-        }
+        clock.advance_to(measured_at + Duration::from_secs(10 * intervals) + ms(1.0));
     };
     let mut resume = || c.plan_resume(&mut s, DrafterKind::Oracle, &proposal(8, 0.5), 100);
     assert_eq!(resume(), None, "fresh: the round does not pay");

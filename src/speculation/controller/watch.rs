@@ -126,16 +126,18 @@ impl Watch {
     }
 
     /// Should this `auto` request run the session loop (true) or pass through (false)?
-    pub fn admit(&self) -> bool {
+    pub fn admit(&self, now: Instant) -> bool {
         let Ok(mut g) = self.recent.lock() else {
             return true;
         };
         let idle = self.every > 1 && g.sum.idle();
         let n = self.seen.fetch_add(1, Ordering::Relaxed);
-        let due = g.last_watch.is_none_or(|t| t.elapsed() >= self.interval);
+        let due = g
+            .last_watch
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.interval);
         let watch = !idle || due || n % self.every == 0;
         if watch {
-            g.last_watch = Some(Instant::now());
+            g.last_watch = Some(now);
         }
         watch
     }
@@ -182,10 +184,13 @@ mod tests {
     fn watches_everything_until_enough_is_known() {
         let w = Watch::new(8, hour());
         for _ in 0..10 {
-            assert!(w.admit());
+            assert!(w.admit(Instant::now()));
         }
         w.record(req(500, 0, 1.0));
-        assert!(w.admit(), "500 tokens are not enough to judge");
+        assert!(
+            w.admit(Instant::now()),
+            "500 tokens are not enough to judge"
+        );
         assert_eq!(w.summary(), (None, None));
     }
 
@@ -193,7 +198,7 @@ mod tests {
     fn passes_most_through_while_speculation_is_idle() {
         let w = Watch::new(8, hour());
         w.record(req(1000, 5, 1.3));
-        let watched = (0..64).filter(|_| w.admit()).count();
+        let watched = (0..64).filter(|_| w.admit(Instant::now())).count();
         // The first call also claims the probe-interval watch.
         assert!((8..=9).contains(&watched), "{watched}");
         assert_eq!(w.summary().0, Some(0.005));
@@ -206,7 +211,7 @@ mod tests {
         let (share, realized) = w.summary();
         assert_eq!(share, Some(0.4));
         assert!((realized.unwrap_or(0.0) - 0.7).abs() < 1e-9);
-        assert!((0..64).filter(|_| w.admit()).count() <= 9);
+        assert!((0..64).filter(|_| w.admit(Instant::now())).count() <= 9);
     }
 
     #[test]
@@ -217,23 +222,23 @@ mod tests {
         w.record(req(1000, 0, 1.0));
         w.record(req(1000, 5, 0.5));
         assert!((w.summary().1.unwrap_or(0.0) - 1.2).abs() < 1e-9);
-        assert!((0..64).all(|_| w.admit()));
+        assert!((0..64).all(|_| w.admit(Instant::now())));
         // No plain-decoding estimate yet: speculation is given the benefit of the doubt.
         let w = Watch::new(8, hour());
         w.record(Watched {
             plain_seconds: None,
             ..req(1000, 900, 0.5)
         });
-        assert!((0..64).all(|_| w.admit()));
+        assert!((0..64).all(|_| w.admit(Instant::now())));
     }
 
     #[test]
     fn watches_everything_again_once_speculation_pays() {
         let w = Watch::new(8, hour());
         w.record(req(1000, 0, 1.0));
-        assert!((0..16).filter(|_| w.admit()).count() < 16);
+        assert!((0..16).filter(|_| w.admit(Instant::now())).count() < 16);
         w.record(req(1000, 200, 1.3));
-        assert!((0..16).all(|_| w.admit()));
+        assert!((0..16).all(|_| w.admit(Instant::now())));
     }
 
     #[test]
@@ -250,13 +255,13 @@ mod tests {
     fn one_request_per_interval_is_watched_even_when_idle() {
         let w = Watch::new(1_000_000, Duration::ZERO);
         w.record(req(1000, 0, 1.0));
-        assert!((0..16).all(|_| w.admit()));
+        assert!((0..16).all(|_| w.admit(Instant::now())));
     }
 
     #[test]
     fn every_one_disables_passthrough() {
         let w = Watch::new(1, hour());
         w.record(req(10_000, 0, 1.0));
-        assert!((0..16).all(|_| w.admit()));
+        assert!((0..16).all(|_| w.admit(Instant::now())));
     }
 }

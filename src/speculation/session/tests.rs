@@ -10,7 +10,14 @@ use futures_util::{FutureExt, StreamExt};
 use serde_json::{Map, Value};
 
 use super::*;
+use std::sync::Arc;
+
 use crate::draft::{DraftError, DrafterKind};
+use crate::draft::{DraftRequest, Drafter};
+use crate::metrics::Metrics;
+use crate::speculation::controller::Controller;
+use crate::tokens::ModelTokenizer;
+use crate::upstream::verify::{Backend, Sample, Sampling, VerifyRequest};
 use crate::upstream::verify::{RelayRequest, SampleStream, Tokenized};
 use specd_sim::{continuation, next_token};
 

@@ -1,0 +1,123 @@
+//! The acceptance model: per drafter, a calibration of its confidences (by position group
+//! and confidence decile, with the confidence itself as the prior), and per stream a
+//! residual that tracks how this stream deviates from it right now.
+
+use std::sync::Mutex;
+
+use crate::draft::DrafterKind;
+
+/// Learning rates of the per-stream acceptance residual: a slow one that is used, and a
+/// fast one that replaces it when the two disagree by more than the fast one's noise (and
+/// at least `RESIDUAL_JUMP`): the stream's acceptance changed, e.g. it left a repetitive
+/// region.
+const RESIDUAL_SLOW: f64 = 0.05;
+const RESIDUAL_FAST: f64 = 0.3;
+const RESIDUAL_JUMP: f64 = 0.3;
+
+/// One drafter's confidence calibration.
+#[derive(Clone, Copy)]
+struct Calibration {
+    rate: [[f64; 10]; 4],
+    n: [[u32; 10]; 4],
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            rate: [[0.0; 10]; 4],
+            n: [[0; 10]; 4],
+        }
+    }
+}
+
+fn cell(pos: usize, conf: f32) -> (usize, usize) {
+    let g = pos.min(3);
+    let b = ((conf.clamp(0.0, 1.0) * 10.0) as usize).min(9);
+    (g, b)
+}
+
+impl Calibration {
+    fn calibrated(&self, pos: usize, conf: f32) -> f64 {
+        let (g, b) = cell(pos, conf);
+        let n = f64::from(self.n[g][b]);
+        (n * self.rate[g][b] + 2.0 * f64::from(conf.clamp(0.0, 1.0))) / (n + 2.0)
+    }
+    fn learn(&mut self, pos: usize, conf: f32, accepted: bool) {
+        let (g, b) = cell(pos, conf);
+        self.n[g][b] = self.n[g][b].saturating_add(1);
+        let a = (1.0 / f64::from(self.n[g][b])).max(0.01);
+        self.rate[g][b] += a * (f64::from(u8::from(accepted)) - self.rate[g][b]);
+    }
+}
+
+/// How one stream's acceptance deviates from its drafter's calibration right now.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Residual {
+    /// Observed minus predicted acceptance, smoothed (the one estimates use).
+    slow: f64,
+    fast: f64,
+}
+
+impl Residual {
+    pub fn value(&self) -> f64 {
+        self.slow
+    }
+}
+
+#[derive(Default)]
+pub(super) struct AcceptanceModel {
+    drafters: Mutex<[Calibration; DrafterKind::COUNT]>,
+}
+
+impl AcceptanceModel {
+    /// A verified (or shadow-checked) proposal: the first `accepted` of `conf.len()` drafts
+    /// matched. Updates the drafter's calibration and the stream's residual.
+    pub(super) fn observe(
+        &self,
+        r: &mut Residual,
+        drafter: DrafterKind,
+        conf: &[f32],
+        accepted: usize,
+    ) {
+        let Ok(mut g) = self.drafters.lock() else {
+            return;
+        };
+        let d = &mut g[drafter.index()];
+        let (mut slow, mut fast) = (r.slow, r.fast);
+        for (i, &c) in conf.iter().enumerate().take(accepted + 1) {
+            let ok = f64::from(u8::from(i < accepted));
+            let base = d.calibrated(i, c);
+            slow += RESIDUAL_SLOW * (ok - (base + slow).clamp(0.01, 0.99));
+            fast += RESIDUAL_FAST * (ok - (base + fast).clamp(0.01, 0.99));
+            slow = slow.clamp(-1.0, 1.0);
+            fast = fast.clamp(-1.0, 1.0);
+            // Snap when the fast estimate is further off than its own noise allows
+            // (3 standard deviations of an EWMA of Bernoulli(p) outcomes).
+            let q = (base + slow).clamp(0.01, 0.99);
+            let noise = (RESIDUAL_FAST / (2.0 - RESIDUAL_FAST) * q * (1.0 - q)).sqrt();
+            if (fast - slow).abs() > (3.0 * noise).max(RESIDUAL_JUMP) {
+                slow = fast;
+            }
+            d.learn(i, c, i < accepted);
+        }
+        r.slow = slow;
+        r.fast = fast;
+    }
+
+    /// p_i for each proposed token: the calibrated confidence plus the stream's residual.
+    pub(super) fn per_position(
+        &self,
+        r: &Residual,
+        drafter: DrafterKind,
+        conf: &[f32],
+    ) -> Vec<f64> {
+        let Ok(g) = self.drafters.lock() else {
+            return Vec::new();
+        };
+        let d = &g[drafter.index()];
+        conf.iter()
+            .enumerate()
+            .map(|(i, &c)| (d.calibrated(i, c) + r.slow).clamp(0.01, 0.99))
+            .collect()
+    }
+}

@@ -1,0 +1,360 @@
+//! The cost model: decode, relay restart and verify costs by load level, the drafters'
+//! own cost, and the per-round choice of K over them.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::K_TRACKED;
+use crate::draft::DrafterKind;
+
+/// Load levels (powers of two of the stream count; the last one holds everything above).
+pub(super) const LEVELS: usize = 8;
+/// Learning rate floor of the cost EWMAs (earlier samples average 1/n).
+const COST_ALPHA: f64 = 0.1;
+
+/// Learning rates of a low envelope (see `Ewma::add_low`).
+const LOW_FALL: f64 = 0.3;
+const LOW_RISE: f64 = 0.03;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Ewma {
+    pub(super) v: f64,
+    pub(super) n: u32,
+    pub(super) at: Option<Instant>,
+}
+
+impl Ewma {
+    pub(super) fn add(&mut self, x: f64, floor: f64, now: Instant) {
+        self.n = self.n.saturating_add(1);
+        let a = (1.0 / f64::from(self.n)).max(floor);
+        self.v += a * (x - self.v);
+        self.at = Some(now);
+    }
+    /// A low envelope instead of a mean: falls fast to lower samples, rises slowly, so it
+    /// sits near the low end of what was recently measured.
+    pub(super) fn add_low(&mut self, x: f64, now: Instant) {
+        self.n = self.n.saturating_add(1);
+        let a = if self.n == 1 {
+            1.0
+        } else if x < self.v {
+            LOW_FALL
+        } else {
+            LOW_RISE
+        };
+        self.v += a * (x - self.v);
+        self.at = Some(now);
+    }
+    pub(super) fn get(&self) -> Option<f64> {
+        (self.n > 0).then_some(self.v)
+    }
+    pub(super) fn stale(&self, max_age: Duration, now: Instant) -> bool {
+        self.at
+            .is_none_or(|t| now.saturating_duration_since(t) > max_age)
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+pub(super) struct Level {
+    pub(super) dec: Ewma,
+    /// The low envelope of decode samples: plain decoding at its recent best. Decisions
+    /// compare speculation with this, so noise in the machine's speed does not make a
+    /// marginal round look like a win.
+    pub(super) dec_low: Ewma,
+    pub(super) restart: Ewma,
+    pub(super) ver: [Ewma; K_TRACKED + 1],
+    pub(super) dec_probe: Option<Instant>,
+    pub(super) ver_probe: Option<Instant>,
+}
+
+impl Level {
+    /// T_dec as decisions use it: the low envelope once a relay segment was long enough
+    /// to feed it, else the mean of the short windows.
+    pub(super) fn dec_cost(&self) -> f64 {
+        self.dec_low.get().unwrap_or(self.dec.v)
+    }
+    pub(super) fn has_ver(&self) -> bool {
+        self.ver.iter().any(|e| e.n > 0)
+    }
+    /// T_ver(k) from this level's measurements: measured, interpolated, or extrapolated.
+    pub(super) fn ver_at(&self, k: usize) -> Option<f64> {
+        let k = k.min(K_TRACKED);
+        if let Some(v) = self.ver[k].get() {
+            return Some(v);
+        }
+        let below = (0..k).rev().find(|&i| self.ver[i].n > 0);
+        let above = (k + 1..=K_TRACKED).find(|&i| self.ver[i].n > 0);
+        let at = |i: usize| self.ver[i].v;
+        match (below, above) {
+            (Some(a), Some(b)) => {
+                let t = (k - a) as f64 / (b - a) as f64;
+                Some(at(a) + t * (at(b) - at(a)))
+            }
+            (Some(a), None) | (None, Some(a)) => {
+                // Slope from a second measured point on the same side, else a mild prior
+                // (3 % of the cost per extra draft token); never decreasing with k.
+                let second = if a < k {
+                    (0..a).rev().find(|&i| self.ver[i].n > 0)
+                } else {
+                    (a + 1..=K_TRACKED).find(|&i| self.ver[i].n > 0)
+                };
+                let slope = match second {
+                    Some(b) => ((at(a) - at(b)) / (a as f64 - b as f64)).max(0.0),
+                    None => 0.03 * at(a),
+                };
+                Some((at(a) + slope * (k as f64 - a as f64)).max(0.5 * at(a)))
+            }
+            (None, None) => None,
+        }
+    }
+}
+
+pub(super) fn level_of(load: usize) -> usize {
+    let n = load.max(1);
+    ((usize::BITS - (n - 1).leading_zeros()) as usize).min(LEVELS - 1)
+}
+
+/// E(k) for acceptance estimates p (k ≤ p.len()).
+pub fn expected_tokens(p: &[f64], k: usize) -> f64 {
+    let mut cum = 1.0;
+    let mut e = 1.0;
+    for &x in p.iter().take(k) {
+        cum *= x;
+        e += cum;
+    }
+    e
+}
+
+/// The best round: its K, expected tokens net of the others' loss (in tokens of plain
+/// decoding), and its time.
+pub(super) struct Best {
+    pub(super) k: usize,
+    pub(super) tokens: f64,
+    pub(super) time: f64,
+}
+
+impl Best {
+    /// Rate relative to plain decoding.
+    pub(super) fn speedup(&self, dec: f64) -> f64 {
+        self.tokens * dec / self.time
+    }
+}
+
+impl Costs {
+    /// k in `lo..=p.len()` maximising net tokens per second. A verify pass slows the steps
+    /// of the streams decoding beside it (by T_ver − T_dec each, shared among the streams
+    /// verifying at once); that loss, in tokens of plain decoding, is charged to the round.
+    pub(super) fn best(
+        &self,
+        p: &[f64],
+        t_draft: f64,
+        lo: usize,
+        others: usize,
+        spec: usize,
+    ) -> Option<Best> {
+        (lo..=p.len())
+            .filter_map(|k| {
+                let ver = self.ver.get(k).copied().flatten()?;
+                let time = t_draft + ver;
+                let tokens = match self.dec {
+                    Some(dec) if dec > 0.0 => {
+                        let loss = others as f64 * (ver - dec).max(0.0) / spec.max(1) as f64;
+                        expected_tokens(p, k) - loss / dec
+                    }
+                    _ => expected_tokens(p, k),
+                };
+                (time > 0.0).then_some(Best { k, tokens, time })
+            })
+            .max_by(|a, b| (a.tokens / a.time).total_cmp(&(b.tokens / b.time)))
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Costs {
+    pub(super) dec: Option<f64>,
+    pub(super) restart: Option<f64>,
+    pub(super) ver: Vec<Option<f64>>,
+    pub(super) dec_stale: bool,
+    /// Probe intervals since the verify cost was last measured at this level (0 while
+    /// fresh; infinite if never).
+    pub(super) ver_staleness: f64,
+}
+
+/// Verify samples after which a level's verify cost is re-probed at the full interval;
+/// with fewer, proportionally sooner (one sample may have caught a stall, and a verify cost
+/// that high keeps streams relaying, so nothing else would correct it).
+const CONFIRMED: u32 = 8;
+
+/// The re-probe interval of a level's verify costs: shorter while they rest on few samples.
+fn verify_interval(ver: &[Ewma], interval: Duration) -> Duration {
+    let n: u32 = ver.iter().map(|e| e.n).sum();
+    interval.mul_f64(f64::from(n.clamp(1, CONFIRMED)) / f64::from(CONFIRMED))
+}
+
+/// How far a verify cost one probe interval old is trusted (by a relaying stream deciding
+/// whether to re-measure it); each further interval multiplies it again.
+pub(super) const STALE_TRUST: f64 = 0.7;
+
+/// Probe intervals since the newest of `ver` was measured: 0 while that is within one
+/// interval, infinite if none ever was.
+pub(super) fn staleness(ver: &[Ewma], interval: Duration, now: Instant) -> f64 {
+    let interval = verify_interval(ver, interval);
+    let newest = ver.iter().filter_map(|e| e.at).max();
+    match newest.map(|t| now.saturating_duration_since(t)) {
+        None => f64::INFINITY,
+        Some(age) if age <= interval => 0.0,
+        Some(age) => age.as_secs_f64() / interval.as_secs_f64().max(1e-3),
+    }
+}
+
+/// One drafter's cost per proposal and the share of it overlap hides.
+#[derive(Clone, Copy, Default)]
+struct DraftCost {
+    draft: Ewma,
+    overlap_hit: Ewma,
+}
+
+/// The measured costs, shared by every stream of the upstream.
+pub(super) struct CostModel {
+    levels: Mutex<[Level; LEVELS]>,
+    drafters: Mutex<[DraftCost; DrafterKind::COUNT]>,
+    probe_interval: Duration,
+}
+
+impl CostModel {
+    pub(super) fn new(probe_interval: Duration) -> Self {
+        CostModel {
+            levels: Mutex::new([Level::default(); LEVELS]),
+            drafters: Mutex::new([DraftCost::default(); DrafterKind::COUNT]),
+            probe_interval,
+        }
+    }
+
+    fn with_level<R>(&self, load: usize, f: impl FnOnce(&mut Level) -> R) -> Option<R> {
+        let mut g = self.levels.lock().ok()?;
+        Some(f(&mut g[level_of(load)]))
+    }
+
+    fn with_drafter<R>(
+        &self,
+        drafter: DrafterKind,
+        f: impl FnOnce(&mut DraftCost) -> R,
+    ) -> Option<R> {
+        let mut g = self.drafters.lock().ok()?;
+        Some(f(&mut g[drafter.index()]))
+    }
+
+    /// A verify call of k drafts while `spec` streams speculated; returns the new T_ver(k).
+    pub(super) fn add_verify(&self, k: usize, spec: usize, secs: f64, now: Instant) -> Option<f64> {
+        self.with_level(spec, |l| {
+            let e = &mut l.ver[k.min(K_TRACKED)];
+            e.add_low(secs, now);
+            e.v
+        })
+    }
+
+    pub(super) fn add_relay_start(&self, load: usize, secs: f64, now: Instant) {
+        self.with_level(load, |l| l.restart.add_low(secs, now));
+    }
+
+    /// A window of relayed tokens; returns the level's T_dec as decisions use it.
+    pub(super) fn add_decode_window(
+        &self,
+        load: usize,
+        per_token: f64,
+        now: Instant,
+    ) -> Option<f64> {
+        self.with_level(load, |l| {
+            l.dec.add(per_token, COST_ALPHA, now);
+            l.dec_cost()
+        })
+    }
+
+    /// A relay segment's mean gap so far; returns the level's T_dec as decisions use it.
+    pub(super) fn add_decode_mean(&self, load: usize, per_token: f64, now: Instant) -> Option<f64> {
+        self.with_level(load, |l| {
+            l.dec_low.add_low(per_token, now);
+            l.dec_cost()
+        })
+    }
+
+    pub(super) fn add_draft(&self, drafter: DrafterKind, secs: f64, now: Instant) {
+        self.with_drafter(drafter, |d| d.draft.add(secs, COST_ALPHA, now));
+    }
+
+    pub(super) fn add_overlap(&self, drafter: DrafterKind, hit: bool, now: Instant) {
+        self.with_drafter(drafter, |d| {
+            d.overlap_hit.add(f64::from(u8::from(hit)), COST_ALPHA, now)
+        });
+    }
+
+    /// Seconds one proposal of `drafter` costs (None until measured).
+    pub(super) fn draft_seconds(&self, drafter: DrafterKind) -> Option<f64> {
+        self.with_drafter(drafter, |d| d.draft.get()).flatten()
+    }
+
+    /// Draft cost per round, less what overlap hides.
+    pub(super) fn draft_cost_per_round(&self, drafter: DrafterKind) -> f64 {
+        self.with_drafter(drafter, |d| {
+            d.draft.get().unwrap_or(0.0) * (1.0 - d.overlap_hit.get().unwrap_or(0.0))
+        })
+        .unwrap_or(0.0)
+    }
+
+    /// Costs: T_dec and relay restart at `load` streams, T_ver(k) with `spec` streams
+    /// speculating at once (k = 0..=kmax), and whether they are stale.
+    pub(super) fn costs(&self, load: usize, spec: usize, kmax: usize, now: Instant) -> Costs {
+        let Ok(g) = self.levels.lock() else {
+            return Costs::default();
+        };
+        let nearest = |me: usize, has: &dyn Fn(&Level) -> bool| {
+            (0..LEVELS)
+                .filter(|&i| has(&g[i]))
+                .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
+        };
+        let (dl, vl) = (level_of(load), level_of(spec));
+        let dec = nearest(dl, &|l: &Level| l.dec.n > 0).map(|i| g[i].dec_cost());
+        let restart = nearest(dl, &|l: &Level| l.restart.n > 0).map(|i| g[i].restart.v);
+        let ver_at = nearest(vl, &|l: &Level| l.has_ver());
+        let ver = (0..=kmax)
+            .map(|k| ver_at.and_then(|i| g[i].ver_at(k)))
+            .collect();
+        let age = self.probe_interval;
+        Costs {
+            dec,
+            restart,
+            ver,
+            dec_stale: g[dl].dec.stale(age, now),
+            ver_staleness: staleness(&g[vl].ver, age, now),
+        }
+    }
+
+    /// Claim the decode (or verify) probe of a level: true for one caller per interval.
+    pub(super) fn claim_probe(&self, level_load: usize, verify: bool, now: Instant) -> bool {
+        let Ok(mut g) = self.levels.lock() else {
+            return false;
+        };
+        let l = &mut g[level_of(level_load)];
+        let slot = if verify {
+            &mut l.ver_probe
+        } else {
+            &mut l.dec_probe
+        };
+        let every = if verify {
+            verify_interval(&l.ver, self.probe_interval)
+        } else {
+            self.probe_interval
+        };
+        if slot.is_some_and(|t| now.saturating_duration_since(t) < every) {
+            return false;
+        }
+        *slot = Some(now);
+        true
+    }
+}
+
+impl Costs {
+    /// How much more than a decode step (re)starting a relay costs.
+    pub(super) fn restart_extra(&self, dec: f64) -> f64 {
+        self.restart.map_or(0.0, |r| (r - dec).max(0.0))
+    }
+}

@@ -1,0 +1,227 @@
+//! The decision rule (module documentation of `controller`): what a speculating stream
+//! does with its next proposal, and whether a relaying stream leaves relay.
+
+use super::costs::{Best, Costs, STALE_TRUST};
+use super::{Controller, Decision, Relaying, StreamCtl};
+use crate::config::SpecMode;
+use crate::draft::{DrafterKind, Proposal};
+
+/// Rounds a state (speculation paying or not) is expected to last, when weighing a switch
+/// against the cost of restarting a relay; fewer when the generation ends sooner.
+const SWITCH_HORIZON: f64 = 4.0;
+
+/// Rounds the current state is expected to last: at least `SWITCH_HORIZON`, and as long
+/// as it has lasted already (`streak` rounds of the same verdict: a state that has lasted
+/// n rounds is expected to last about n more), never past the end of the generation.
+fn horizon(remaining: usize, tokens_per_round: f64, streak: u32) -> f64 {
+    let rounds_left = remaining as f64 / tokens_per_round.max(1.0);
+    SWITCH_HORIZON
+        .max(f64::from(streak))
+        .min(rounds_left)
+        .max(1.0)
+}
+/// What a decision is made from: the load, the acceptance estimates of the proposal and
+/// the costs at that load.
+struct Inputs {
+    load: usize,
+    others: usize,
+    spec: usize,
+    p: Vec<f64>,
+    costs: Costs,
+    t_draft: f64,
+}
+
+impl Controller {
+    fn inputs(
+        &self,
+        s: &StreamCtl,
+        drafter: DrafterKind,
+        proposal: &Proposal,
+        self_relaying: bool,
+        self_willing: bool,
+    ) -> Inputs {
+        let now = self.now();
+        let load = self.load();
+        // Relaying streams whose drafts would pay on their own are about to speculate too:
+        // a verify then shares its batch with theirs rather than slowing them.
+        let willing = self.load.willing_others(self_willing);
+        let others = self
+            .load
+            .others_decoding(self_relaying, now)
+            .saturating_sub(willing);
+        let spec = load.saturating_sub(others).max(1);
+        let kp = proposal.tokens.len();
+        Inputs {
+            load,
+            others,
+            spec,
+            p: self
+                .acceptance
+                .per_position(&s.residual, drafter, &proposal.confidence),
+            costs: self.costs.costs(load, spec, kp, now),
+            t_draft: self.costs.draft_cost_per_round(drafter),
+        }
+    }
+
+    /// Speculating: what this round does with `proposal` (already cut to the round's cap).
+    pub fn plan_round(
+        &self,
+        s: &mut StreamCtl,
+        mode: SpecMode,
+        drafter: DrafterKind,
+        proposal: &Proposal,
+        remaining: usize,
+    ) -> Decision {
+        let kp = proposal.tokens.len();
+        if mode != SpecMode::Auto {
+            return Decision::Speculate(kp);
+        }
+        let x = self.inputs(s, drafter, proposal, false, false);
+        let lo = usize::from(s.may_relay);
+        let best = x.costs.best(&x.p, x.t_draft, lo, x.others, x.spec);
+        match (x.costs.dec, best) {
+            // Never measured a verify round: measure one if there is anything to verify.
+            (_, None) if kp > 0 => Decision::Speculate(kp),
+            (_, None) if !s.may_relay => Decision::Speculate(0),
+            (_, None) => Decision::Relay { probe: false },
+            // Decode cost unknown: relay (plain decoding is never a loss) and measure it;
+            // one stream per interval holds the probe, which keeps it relaying a while.
+            (None, Some(_)) if s.may_relay => Decision::Relay {
+                probe: self.costs.claim_probe(x.load, false, self.now()),
+            },
+            (None, Some(b)) => Decision::Speculate(b.k),
+            (Some(dec), Some(b)) => {
+                self.publish_speedup(drafter, b.speedup(dec));
+                let d = self.speculating_decision(s, &x, &b, dec, kp, remaining);
+                tracing::debug!(
+                    ?d,
+                    k = b.k,
+                    tokens = b.tokens,
+                    round_ms = b.time * 1e3,
+                    dec_ms = dec * 1e3,
+                    restart_ms = x.costs.restart.map(|r| r * 1e3),
+                    residual = s.residual.value(),
+                    p = ?x.p,
+                    load = x.load,
+                    others = x.others,
+                    "plan round"
+                );
+                d
+            }
+        }
+    }
+
+    /// A speculating stream with every cost measured: stay at the best K, explore another,
+    /// probe the decode cost, or relay.
+    fn speculating_decision(
+        &self,
+        s: &mut StreamCtl,
+        x: &Inputs,
+        b: &Best,
+        dec: f64,
+        kp: usize,
+        remaining: usize,
+    ) -> Decision {
+        if !s.may_relay {
+            return Decision::Speculate(b.k);
+        }
+        if b.speedup(dec) < 1.0 {
+            // Leaving costs a relay restart; stay when a few such rounds lose less than
+            // that (a small dip in the estimates must not cause flapping), but not for
+            // long: the longer it has lost, the longer it is expected to go on losing.
+            let loss = b.time - b.tokens * dec;
+            s.streak += 1;
+            if horizon(remaining, b.tokens, s.streak) * loss > x.costs.restart_extra(dec) {
+                s.streak = 0;
+                return Decision::Relay { probe: false };
+            }
+            return Decision::Speculate(b.k);
+        }
+        s.streak = 0;
+        if x.costs.dec_stale && self.costs.claim_probe(x.load, false, self.now()) {
+            return Decision::Relay { probe: true };
+        }
+        if kp >= 2 && s.rng.f64() < self.cfg.explore {
+            let other = s.rng.usize(1..kp);
+            return Decision::Speculate(if other >= b.k { other + 1 } else { other });
+        }
+        Decision::Speculate(b.k)
+    }
+
+    /// Relaying: leave relay for a verify round of the returned K with this proposal?
+    pub fn plan_resume(
+        &self,
+        s: &mut StreamCtl,
+        drafter: DrafterKind,
+        proposal: &Proposal,
+        remaining: usize,
+    ) -> Option<usize> {
+        self.plan_resume_from(s, drafter, proposal, remaining, None)
+    }
+
+    /// `plan_resume` for the relay `relay` marks: it also records whether this stream's
+    /// drafts would pay on their own, so that streams that all would do not each hold
+    /// back for fear of slowing the others (which are about to speculate as well).
+    pub fn plan_resume_from(
+        &self,
+        s: &mut StreamCtl,
+        drafter: DrafterKind,
+        proposal: &Proposal,
+        remaining: usize,
+        relay: Option<&mut Relaying>,
+    ) -> Option<usize> {
+        let kp = proposal.tokens.len();
+        if kp == 0 {
+            return None;
+        }
+        let mut x = self.inputs(s, drafter, proposal, true, false);
+        if let (Some(r), Some(dec)) = (relay, x.costs.dec) {
+            let alone = x.costs.best(&x.p, x.t_draft, 1, 0, 1);
+            let willing = alone.is_some_and(|b| b.tokens * dec > b.time);
+            r.set_willing(willing);
+            x = self.inputs(s, drafter, proposal, true, willing);
+        }
+        let Some(b) = x.costs.best(&x.p, x.t_draft, 1, x.others, x.spec) else {
+            // Verify cost never measured: measure it (one stream per interval).
+            return self
+                .costs
+                .claim_probe(x.spec, true, self.now())
+                .then_some(kp);
+        };
+        let dec = x.costs.dec?;
+        self.publish_speedup(drafter, b.speedup(dec));
+        // Time the round saves, net of what it costs the others, against the extra cost
+        // of restarting a relay when speculation stops paying again.
+        let gain = b.tokens * dec - b.time;
+        let switch_cost = x.costs.restart_extra(dec);
+        if gain > 0.0 {
+            s.streak += 1;
+        } else {
+            s.streak = 0;
+        }
+        let rounds = horizon(remaining, b.tokens, s.streak);
+        tracing::debug!(
+            k = b.k,
+            tokens = b.tokens,
+            round_ms = b.time * 1e3,
+            dec_ms = dec * 1e3,
+            switch_ms = switch_cost * 1e3,
+            residual = s.residual.value(),
+            p = ?x.p,
+            load = x.load,
+            others = x.others,
+            "plan resume"
+        );
+        if gain > 0.0 && gain * rounds > switch_cost {
+            s.streak = 0;
+            return Some(b.k);
+        }
+        // A stale verify cost may hide a chance (it may have been measured in a load
+        // spike): re-measure when an optimistic guess pays. The older the estimate, the
+        // less it is trusted, so a high one cannot keep speculation off for good.
+        let trust = STALE_TRUST.powf(x.costs.ver_staleness);
+        let optimistic = b.tokens * dec > x.t_draft + trust * (b.time - x.t_draft);
+        let stale = x.costs.ver_staleness > 0.0;
+        (stale && optimistic && self.costs.claim_probe(x.spec, true, self.now())).then_some(b.k)
+    }
+}

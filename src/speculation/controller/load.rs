@@ -1,0 +1,152 @@
+//! The load tracker: how many streams this server has at the upstream and what each is
+//! doing (speculating, relaying, passing through), plus clients that bypass specd, seen
+//! through the upstream's own count of running requests. Counters of its own, never read
+//! back from metrics.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::inflight::InFlight;
+use crate::metrics::labels::StreamMode;
+
+/// Requests the upstream reports running, and when that was read (its `/metrics`).
+pub type RunningSource = Box<dyn Fn() -> Option<(f64, Instant)> + Send + Sync>;
+
+/// How long a reading of the upstream's running requests is trusted.
+const RUNNING_FRESH: Duration = Duration::from_secs(2);
+
+pub(super) struct LoadTracker {
+    active: AtomicUsize,
+    relaying: AtomicUsize,
+    /// Relaying streams whose drafts would pay on their own (were it not for slowing the
+    /// streams decoding beside them).
+    willing: AtomicUsize,
+    /// Prompts of this server's verify calls in flight, and the recent peak of those plus
+    /// relays (previous and current window, and when the current one began): what the
+    /// upstream may have counted as ours when it was last read.
+    verify_prompts: AtomicUsize,
+    verifies_started: AtomicU64,
+    peak: Mutex<(usize, usize, Option<Instant>)>,
+    pub(super) running: Option<RunningSource>,
+    /// Client requests in flight (passthrough ones load the upstream too).
+    pub(super) in_flight: Arc<InFlight>,
+}
+
+impl Default for LoadTracker {
+    fn default() -> Self {
+        LoadTracker {
+            active: AtomicUsize::new(0),
+            relaying: AtomicUsize::new(0),
+            willing: AtomicUsize::new(0),
+            verify_prompts: AtomicUsize::new(0),
+            verifies_started: AtomicU64::new(0),
+            peak: Mutex::new((0, 0, None)),
+            running: None,
+            in_flight: Arc::default(),
+        }
+    }
+}
+
+impl LoadTracker {
+    pub(super) fn enter(&self) {
+        self.active.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(super) fn leave(&self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
+    pub(super) fn start_relay(&self, now: Instant) {
+        self.relaying.fetch_add(1, Ordering::Relaxed);
+        self.note_peak(now);
+    }
+    pub(super) fn end_relay(&self) {
+        self.relaying.fetch_sub(1, Ordering::Relaxed);
+    }
+    pub(super) fn start_verify(&self, prompts: usize, now: Instant) {
+        self.verifies_started.fetch_add(1, Ordering::Relaxed);
+        self.verify_prompts.fetch_add(prompts, Ordering::Relaxed);
+        self.note_peak(now);
+    }
+    pub(super) fn end_verify(&self, prompts: usize) {
+        self.verify_prompts.fetch_sub(prompts, Ordering::Relaxed);
+    }
+
+    pub(super) fn verify_epoch(&self) -> u64 {
+        self.verifies_started.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn verify_in_flight(&self) -> bool {
+        self.verify_prompts.load(Ordering::Relaxed) > 0
+    }
+
+    pub(super) fn set_willing(&self, w: bool) {
+        if w {
+            self.willing.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.willing.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Willing relaying streams besides the caller.
+    pub(super) fn willing_others(&self, self_willing: bool) -> usize {
+        self.willing
+            .load(Ordering::Relaxed)
+            .saturating_sub(usize::from(self_willing))
+    }
+
+    /// Streams of this server at the upstream: sessions and passthrough requests.
+    pub(super) fn streams(&self) -> usize {
+        self.active.load(Ordering::Relaxed) + self.passing()
+    }
+
+    /// Passthrough requests in flight.
+    fn passing(&self) -> usize {
+        self.in_flight.count(StreamMode::Passthrough)
+    }
+
+    /// Streams in speculation right now (at least 1: the caller).
+    pub(super) fn speculating(&self) -> usize {
+        self.active
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.relaying.load(Ordering::Relaxed))
+            .max(1)
+    }
+
+    /// Streams decoding plainly besides the caller: this server's relaying streams (less
+    /// the caller when it relays), its passthrough requests, and other clients.
+    pub(super) fn others_decoding(&self, self_relaying: bool, now: Instant) -> usize {
+        let relaying = self.relaying.load(Ordering::Relaxed);
+        let pass = self.passing();
+        // Clients of the upstream that do not go through this server: what it reports
+        // running beyond the most this server can have had there when it was read.
+        let external = self
+            .running
+            .as_ref()
+            .and_then(|f| f())
+            .filter(|(_, at)| now.saturating_duration_since(*at) < RUNNING_FRESH)
+            .map_or(0, |(running, _)| {
+                let peak = self.peak.lock().map_or(0, |g| g.0.max(g.1));
+                let ours = pass + peak.max(self.own_requests());
+                (running - ours as f64).max(0.0) as usize
+            });
+        relaying.saturating_sub(usize::from(self_relaying)) + pass + external
+    }
+
+    /// Requests this server has at the upstream now: verify prompts and relays.
+    fn own_requests(&self) -> usize {
+        self.verify_prompts.load(Ordering::Relaxed) + self.relaying.load(Ordering::Relaxed)
+    }
+
+    /// Remember the recent peak of our own requests (a reading may predate a drop).
+    fn note_peak(&self, now: Instant) {
+        let own = self.own_requests();
+        if let Ok(mut g) = self.peak.lock() {
+            let since =
+                g.2.map_or(Duration::MAX, |t| now.saturating_duration_since(t));
+            if since > RUNNING_FRESH {
+                *g = (g.1, 0, Some(now));
+            }
+            g.1 = g.1.max(own);
+        }
+    }
+}

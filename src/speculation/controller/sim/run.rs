@@ -1,0 +1,560 @@
+//! One scenario under one mode, in virtual time: streams send requests, the controller and
+//! the relay tracker make every decision exactly as the session loop calls them, and the
+//! upstream's steps advance the clock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::model::{Scenario, Upstream};
+use crate::config::SpecMode;
+use crate::draft::{DrafterKind, Proposal};
+use crate::inflight::{InFlight, InFlightGuard};
+use crate::metrics::labels::StreamMode;
+use crate::speculation::controller::{
+    Active, Clock, Controller, ControllerConfig, Decision, RelayTracker, StreamCtl, Verifying,
+    VirtualClock, Watched,
+};
+
+const DRAFTER: DrafterKind = DrafterKind::Oracle;
+/// Confidence the simulated drafter gives every draft: uninformative, so the controller
+/// must learn acceptance from outcomes alone.
+const CONFIDENCE: f32 = 0.5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Plain,
+    Static(usize),
+    Auto(usize),
+}
+
+/// What a run measured.
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    /// Mean over streams of tokens per second of virtual time.
+    pub rate: f64,
+    /// Most consecutive rounds with nothing accepted while the controller's own estimates
+    /// said a decode step was cheaper than that verify.
+    pub zero_streak: u32,
+    /// Tokens after a phase change until the stream was in the mode the new phase wants
+    /// (worst over requests; None without a phase change).
+    pub switch_tokens: Option<u32>,
+    /// Seconds after a load spike until speculation resumed (worst; where it resumed).
+    pub resume_after_spike: Option<f64>,
+    /// Seconds after a load spike until the decode estimate was within 25 % of the truth.
+    pub decode_recovery: Option<f64>,
+    pub rounds: u64,
+    pub relayed: u64,
+    /// Tokens generated, and requests passed through untouched (`auto` not watching).
+    pub tokens: u64,
+    pub passed: u32,
+}
+
+enum Work {
+    /// About to start a round (a proposal may be pending; `true` if already chosen).
+    Round(Option<Proposal>, bool),
+    Verify {
+        p: Proposal,
+        sent: Instant,
+        spec: usize,
+        _g: Verifying,
+    },
+    Relay {
+        t: Box<RelayTracker>,
+        join_at: Instant,
+        started: bool,
+        held: u32,
+    },
+    /// Plain decoding outside the loop (plain mode, passthrough).
+    Plain {
+        started: bool,
+        _g: Option<InFlightGuard>,
+    },
+    Finished,
+}
+
+struct Request {
+    ctl: StreamCtl,
+    generated: u32,
+    relayed: u32,
+    started: Instant,
+    watched: bool,
+    streak: u32,
+    /// Generated position when the stream reached the mode of the current phase.
+    switched: bool,
+    _active: Option<Active>,
+}
+
+struct Stream {
+    work: Work,
+    req: Request,
+    done_requests: u32,
+    tokens: u64,
+    finished_at: Option<Instant>,
+}
+
+pub struct Sim<'a> {
+    sc: &'a Scenario,
+    mode: Mode,
+    up: Upstream,
+    clock: Arc<VirtualClock>,
+    ctl: Arc<Controller>,
+    in_flight: Arc<InFlight>,
+    rng: fastrand::Rng,
+    start: Instant,
+    out: Outcome,
+    next_id: u64,
+}
+
+/// The true token at position `g`, and a wrong one.
+fn truth(g: u32) -> u32 {
+    g * 2
+}
+
+impl<'a> Sim<'a> {
+    pub fn new(sc: &'a Scenario, mode: Mode) -> Self {
+        let clock = Arc::new(VirtualClock::default());
+        let in_flight = Arc::new(InFlight::default());
+        let ctl = Controller::new(ControllerConfig::default(), None)
+            .with_clock(clock.clone())
+            .with_in_flight(in_flight.clone());
+        Sim {
+            sc,
+            mode,
+            up: Upstream::default(),
+            start: clock.now(),
+            clock,
+            ctl: Arc::new(ctl),
+            in_flight,
+            rng: fastrand::Rng::with_seed(sc.seed),
+            out: Outcome::default(),
+            next_id: 0,
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    fn new_request(&mut self) -> (Work, Request) {
+        self.next_id += 1;
+        let watched = match self.mode {
+            Mode::Plain => false,
+            Mode::Static(_) => true,
+            Mode::Auto(_) => self.ctl.watch_auto(),
+        };
+        let req = Request {
+            ctl: StreamCtl::new(true, self.sc.seed ^ self.next_id),
+            generated: 0,
+            relayed: 0,
+            started: self.now(),
+            watched,
+            streak: 0,
+            switched: false,
+            _active: watched.then(|| self.ctl.enter()),
+        };
+        if !watched && self.mode != Mode::Plain {
+            self.out.passed += 1;
+        }
+        let work = if watched {
+            Work::Round(None, false)
+        } else {
+            let g =
+                (self.mode != Mode::Plain).then(|| self.in_flight.enter(StreamMode::Passthrough));
+            Work::Plain {
+                started: false,
+                _g: g,
+            }
+        };
+        (work, req)
+    }
+
+    fn k_max(&self) -> usize {
+        match self.mode {
+            Mode::Plain => 0,
+            Mode::Static(k) | Mode::Auto(k) => k,
+        }
+    }
+
+    /// What the drafter proposes at position `g`: each draft right with the script's
+    /// probability given the previous ones were.
+    fn propose(&mut self, g: u32, k: usize) -> Proposal {
+        let mut tokens = Vec::with_capacity(k);
+        let mut right = true;
+        for i in 0..k {
+            right = right && self.rng.f64() < self.sc.acceptance.p(g, i);
+            let pos = g + i as u32;
+            tokens.push(if right { truth(pos) } else { truth(pos) + 1 });
+        }
+        Proposal {
+            tokens,
+            confidence: vec![CONFIDENCE; k],
+        }
+    }
+
+    fn remaining(&self, r: &Request) -> u32 {
+        self.sc.tokens - r.generated
+    }
+
+    /// A stream at a round boundary: the controller decides what it does next.
+    fn start_round(&mut self, r: &mut Request, pending: Option<Proposal>, decided: bool) -> Work {
+        let remaining = self.remaining(r);
+        let cap = self.k_max().min(remaining.saturating_sub(1) as usize);
+        let mut p = pending.unwrap_or_else(|| self.propose(r.generated, cap));
+        p.tokens.truncate(cap);
+        p.confidence.truncate(cap);
+        let mode = if matches!(self.mode, Mode::Auto(_)) {
+            SpecMode::Auto
+        } else {
+            SpecMode::On
+        };
+        let decision = if decided {
+            Decision::Speculate(p.tokens.len())
+        } else {
+            self.ctl
+                .plan_round(&mut r.ctl, mode, DRAFTER, &p, remaining as usize)
+        };
+        match decision {
+            Decision::Speculate(k) => {
+                p.tokens.truncate(k);
+                p.confidence.truncate(k);
+                let spec = self.ctl.speculating();
+                let g = self.ctl.verifying(k + 1);
+                Work::Verify {
+                    p,
+                    sent: self.now(),
+                    spec,
+                    _g: g,
+                }
+            }
+            Decision::Relay { probe } => {
+                r.streak = 0;
+                let now = self.now();
+                let t = RelayTracker::new(&self.ctl, DRAFTER, probe, Some(p), now);
+                Work::Relay {
+                    t: Box::new(t),
+                    join_at: now + self.sc.noise.slow_relay,
+                    started: false,
+                    held: 0,
+                }
+            }
+        }
+    }
+}
+
+impl Sim<'_> {
+    pub fn run(mut self) -> Outcome {
+        let mut streams: Vec<Stream> = (0..self.sc.streams)
+            .map(|_| {
+                let (work, req) = self.new_request();
+                Stream {
+                    work,
+                    req,
+                    done_requests: 0,
+                    tokens: 0,
+                    finished_at: None,
+                }
+            })
+            .collect();
+        let mut spike_over = None;
+        while streams.iter().any(|s| s.finished_at.is_none()) {
+            for s in &mut streams {
+                if !matches!(s.work, Work::Round(..)) {
+                    continue;
+                }
+                if let Work::Round(p, d) = std::mem::replace(&mut s.work, Work::Finished) {
+                    s.work = self.start_round(&mut s.req, p, d);
+                    let relaying = matches!(s.work, Work::Relay { .. });
+                    self.note_relay_switch(&mut s.req, relaying);
+                }
+            }
+            let now = self.now();
+            let taking: Vec<bool> = streams.iter().map(|s| takes_part(&s.work, now)).collect();
+            if !taking.iter().any(|&t| t) {
+                let next = streams.iter().filter_map(|s| match &s.work {
+                    Work::Relay { join_at, .. } => Some(*join_at),
+                    _ => None,
+                });
+                match next.min() {
+                    Some(t) => self.clock.advance_to(t),
+                    None => break,
+                }
+                continue;
+            }
+            let (cost, seqs) = self.step_cost(&streams, &taking);
+            self.clock.advance(Duration::from_secs_f64(cost));
+            for (s, _) in streams.iter_mut().zip(&taking).filter(|(_, t)| **t) {
+                self.complete(s);
+            }
+            self.watch_spike(&mut spike_over, seqs);
+        }
+        let end = self.now();
+        let n = streams.len().max(1) as f64;
+        self.out.rate = streams
+            .iter()
+            .map(|s| {
+                let t = s
+                    .finished_at
+                    .unwrap_or(end)
+                    .saturating_duration_since(self.start);
+                s.tokens as f64 / t.as_secs_f64().max(1e-9)
+            })
+            .sum::<f64>()
+            / n;
+        if let (Some(None), Some((_, to, _))) = (spike_over, self.sc.noise.spike) {
+            // Never recovered: the whole time after the spike.
+            let left = end.saturating_duration_since(self.start + to).as_secs_f64();
+            self.out.decode_recovery = Some(left);
+        }
+        self.out
+    }
+
+    /// Seconds the next step takes, with noise, and the sequences in it.
+    fn step_cost(&mut self, streams: &[Stream], taking: &[bool]) -> (f64, usize) {
+        let (mut seqs, mut prefill, mut drafts) = (0usize, false, 0usize);
+        for (s, _) in streams.iter().zip(taking).filter(|(_, t)| **t) {
+            match &s.work {
+                Work::Verify { p, .. } => {
+                    seqs += p.tokens.len() + 1;
+                    drafts += p.tokens.len();
+                    prefill = true;
+                }
+                Work::Relay { started, .. } | Work::Plain { started, .. } => {
+                    seqs += 1;
+                    prefill |= !started;
+                }
+                _ => {}
+            }
+        }
+        let nz = self.sc.noise;
+        seqs += nz.others as usize;
+        prefill |= nz.others > 0 && self.rng.f64() < nz.others_prefill;
+        let mut cost = self.up.step_cost(seqs, prefill, drafts);
+        cost *= 1.0 + nz.jitter * (2.0 * self.rng.f64() - 1.0);
+        if let Some((from, to, factor)) = nz.spike {
+            let at = self.now().saturating_duration_since(self.start);
+            if at >= from && at < to {
+                cost *= factor;
+            }
+        }
+        if nz.stall > 0.0 && self.rng.f64() < nz.stall {
+            cost += 0.1 + 0.2 * self.rng.f64();
+        }
+        (cost, seqs)
+    }
+
+    /// After a load spike: when did the decode estimate come back near the truth?
+    fn watch_spike(&mut self, over: &mut Option<Option<f64>>, seqs: usize) {
+        let Some((_, to, _)) = self.sc.noise.spike else {
+            return;
+        };
+        let at = self.now().saturating_duration_since(self.start);
+        if at < to || matches!(over, Some(Some(_))) {
+            return;
+        }
+        let truth = self.up.step_cost(seqs, false, 0);
+        let ok = self
+            .ctl
+            .decode_cost_estimate(self.ctl.load())
+            .is_some_and(|e| (e / truth - 1.0).abs() < 0.25);
+        *over = Some(ok.then(|| (at - to).as_secs_f64()));
+        if let Some(Some(t)) = over {
+            self.out.decode_recovery = Some(*t);
+        }
+    }
+
+    /// The step ended: the stream's verify returned, or its relay produced a token.
+    fn complete(&mut self, s: &mut Stream) {
+        let work = std::mem::replace(&mut s.work, Work::Finished);
+        s.work = match work {
+            Work::Verify { p, sent, spec, _g } => {
+                drop(_g);
+                self.verified(s, p, sent, spec)
+            }
+            Work::Relay {
+                t, join_at, held, ..
+            } => self.relayed(s, t, join_at, held),
+            Work::Plain { _g, .. } => {
+                let left = self.emit(s, 1, false);
+                if left {
+                    Work::Plain { started: true, _g }
+                } else {
+                    drop(_g);
+                    self.finish_request(s)
+                }
+            }
+            w => w,
+        };
+    }
+
+    fn verified(&mut self, s: &mut Stream, p: Proposal, sent: Instant, spec: usize) -> Work {
+        let k = p.tokens.len();
+        let took = self.now().saturating_duration_since(sent);
+        self.ctl.record_verify(k, spec, took);
+        let g = s.req.generated;
+        let n = p
+            .tokens
+            .iter()
+            .enumerate()
+            .take_while(|(i, &t)| t == truth(g + *i as u32))
+            .count();
+        if k > 0 {
+            self.ctl
+                .observe_acceptance(&mut s.req.ctl, DRAFTER, &p.confidence, n);
+        }
+        self.note_streak(&mut s.req, k, n, spec);
+        self.note_spec_switch(&mut s.req, k, n);
+        self.out.rounds += 1;
+        if self.emit(s, n as u32 + 1, true) {
+            Work::Round(None, false)
+        } else {
+            self.finish_request(s)
+        }
+    }
+
+    fn relayed(
+        &mut self,
+        s: &mut Stream,
+        mut t: Box<RelayTracker>,
+        join_at: Instant,
+        held: u32,
+    ) -> Work {
+        let held = held + 1;
+        let b = self.sc.noise.burst;
+        if b > 0.0 && held < 4 && self.rng.f64() < b {
+            return Work::Relay {
+                t,
+                join_at,
+                started: true,
+                held,
+            };
+        }
+        for _ in 0..held {
+            t.arrived(&self.ctl, self.now());
+            let id = truth(s.req.generated);
+            if !self.emit(s, 1, false) {
+                return self.finish_request(s);
+            }
+            s.req.relayed += 1;
+            self.out.relayed += 1;
+            if !t.check(&self.ctl, &mut s.req.ctl, id) {
+                continue;
+            }
+            let remaining = self.remaining(&s.req);
+            let cap = self.k_max().min(remaining.saturating_sub(1) as usize);
+            let p = self.propose(s.req.generated, cap);
+            if let Some(p) = t.proposed(&self.ctl, &mut s.req.ctl, p, remaining as usize) {
+                // Tokens the relay had buffered beyond this one are dropped with it.
+                return Work::Round(Some(p), true);
+            }
+        }
+        Work::Relay {
+            t,
+            join_at,
+            started: true,
+            held: 0,
+        }
+    }
+
+    /// Emit up to `n` tokens; false when the request is complete.
+    fn emit(&mut self, s: &mut Stream, n: u32, _speculated: bool) -> bool {
+        let n = n.min(self.remaining(&s.req));
+        s.req.generated += n;
+        s.tokens += u64::from(n);
+        self.out.tokens += u64::from(n);
+        self.remaining(&s.req) > 0
+    }
+
+    fn finish_request(&mut self, s: &mut Stream) -> Work {
+        let r = &s.req;
+        if r.watched && matches!(self.mode, Mode::Auto(_)) {
+            self.ctl.record_auto(Watched {
+                tokens: r.generated,
+                speculated: r.generated - r.relayed,
+                seconds: self
+                    .now()
+                    .saturating_duration_since(r.started)
+                    .as_secs_f64(),
+                plain_seconds: self.ctl.plain_seconds(r.generated),
+            });
+        }
+        if let Some((at, _, _)) = self.sc.acceptance.change_at() {
+            if r.watched && !r.switched && matches!(self.mode, Mode::Auto(_)) {
+                self.note_switch(self.sc.tokens.saturating_sub(at));
+            }
+        }
+        s.done_requests += 1;
+        if s.done_requests >= self.sc.requests {
+            s.finished_at = Some(self.now());
+            return Work::Finished;
+        }
+        let (work, req) = self.new_request();
+        s.req = req;
+        work
+    }
+}
+
+fn takes_part(w: &Work, now: Instant) -> bool {
+    match w {
+        Work::Verify { .. } | Work::Plain { .. } => true,
+        Work::Relay { join_at, .. } => *join_at <= now,
+        Work::Round(..) | Work::Finished => false,
+    }
+}
+
+/// The guarantees' bookkeeping.
+impl Sim<'_> {
+    /// A round with nothing accepted while the controller's estimates said a decode step
+    /// was cheaper than the verify lengthens the streak; anything else ends it.
+    fn note_streak(&mut self, r: &mut Request, k: usize, n: usize, spec: usize) {
+        if k == 0 || n > 0 || !matches!(self.mode, Mode::Auto(_)) {
+            r.streak = 0;
+            return;
+        }
+        let dec = self.ctl.decode_cost_estimate(self.ctl.load());
+        let ver = self.ctl.verify_cost_estimate(k, spec);
+        let cheaper = matches!((dec, ver), (Some(d), Some(v)) if d < v);
+        if cheaper {
+            r.streak += 1;
+            self.out.zero_streak = self.out.zero_streak.max(r.streak);
+        } else {
+            r.streak = 0;
+        }
+    }
+
+    fn note_switch(&mut self, tokens: u32) {
+        self.out.switch_tokens = Some(self.out.switch_tokens.unwrap_or(0).max(tokens));
+    }
+
+    /// Into a phase where speculation pays: switched at the first round that accepted.
+    fn note_spec_switch(&mut self, r: &mut Request, k: usize, n: usize) {
+        if !matches!(self.mode, Mode::Auto(_)) || k == 0 || n == 0 {
+            return;
+        }
+        if let Some((_, to, _)) = self.sc.noise.spike {
+            let at = self.now().saturating_duration_since(self.start);
+            if at >= to && self.out.resume_after_spike.is_none() {
+                self.out.resume_after_spike = Some((at - to).as_secs_f64());
+            }
+        }
+        if let Some((at, _, then)) = self.sc.acceptance.change_at() {
+            if then >= 0.7 && r.generated >= at && !r.switched {
+                r.switched = true;
+                self.note_switch(r.generated - at);
+            }
+        }
+    }
+
+    /// Into a phase where speculation loses: switched when the stream relays.
+    fn note_relay_switch(&mut self, r: &mut Request, relaying: bool) {
+        let Some((at, _, then)) = self.sc.acceptance.change_at() else {
+            return;
+        };
+        if !matches!(self.mode, Mode::Auto(_)) || then > 0.3 || r.generated < at || r.switched {
+            return;
+        }
+        if relaying && r.watched {
+            r.switched = true;
+            self.note_switch(r.generated - at);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The state one stream's loop carries between rounds and relay segments — the context,
+//! its statistics, the controller's per-stream state — and the steps both share: drafting,
+//! emitting tokens to the client, the draft cap.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::api::{Event, SessionDeps, SessionParams, Stats};
+use crate::draft::{DraftError, DraftRequest, DrafterKind, Proposal};
+use crate::error::ApiError;
+use crate::speculation::controller::StreamCtl;
+use crate::speculation::generation::{Finish, Generation};
+use crate::upstream::verify::Sample;
+
+pub(super) struct Driver<'a> {
+    pub(super) p: &'a SessionParams,
+    pub(super) d: &'a SessionDeps,
+    tx: &'a mpsc::Sender<Event>,
+    pub(super) ctx: Vec<u32>,
+    pub(super) stats: Stats,
+    pub(super) drafter: DrafterKind,
+    /// Time spent waiting on the upstream and the drafter (excluded from proxy overhead).
+    pub(super) outside: Duration,
+    pub(super) ctl: StreamCtl,
+}
+
+/// A proposal cut to `k` tokens (confidences padded or cut to match).
+pub(super) fn cut(mut p: Proposal, k: usize) -> Proposal {
+    p.tokens.truncate(k);
+    p.confidence.resize(p.tokens.len(), 0.0);
+    p
+}
+
+impl<'a> Driver<'a> {
+    pub(super) fn new(
+        p: &'a SessionParams,
+        d: &'a SessionDeps,
+        tx: &'a mpsc::Sender<Event>,
+    ) -> Self {
+        let drafter = d.drafter.kind();
+        // A relay segment draws many positions from one random stream, so where it starts
+        // would change a seeded sampled output: such requests never relay on the
+        // controller's say (forced switching keeps fixed boundaries and stays reproducible).
+        let may_relay = !p.sampling.is_seeded_sampled();
+        Driver {
+            p,
+            d,
+            tx,
+            ctx: p.prompt.clone(),
+            stats: Stats::new(p.prompt.len() as u32, drafter, p.mode),
+            drafter,
+            outside: Duration::ZERO,
+            ctl: StreamCtl::new(may_relay, p.stream),
+        }
+    }
+
+    /// Count a mode switch (the first decision of a stream is not a switch).
+    pub(super) fn switched(&mut self, from: &'static str, to: &'static str) {
+        if self.stats.rounds == 0 && self.stats.relay_tokens == 0 {
+            return;
+        }
+        self.d
+            .metrics
+            .mode_switches
+            .with_label_values(&[from, to])
+            .inc();
+        self.stats.switches += 1;
+    }
+
+    /// Draft cap for the next round: K+1 tokens must fit the limits and the context.
+    pub(super) fn k_cap(&self, gen: &Generation<'_>) -> usize {
+        let remaining = gen.remaining() as usize;
+        let room = (self.p.max_model_len as usize).saturating_sub(self.ctx.len() + 1);
+        self.p.k_max.min(remaining.saturating_sub(1)).min(room)
+    }
+
+    /// A draft request for `context` (the stream's context, or it plus pending drafts).
+    pub(super) fn draft_request(&self, context: Vec<u32>, max_k: usize) -> DraftRequest {
+        DraftRequest {
+            stream: self.p.stream,
+            context,
+            prompt_len: self.p.prompt.len(),
+            max_k,
+        }
+    }
+
+    pub(super) async fn propose(&mut self, max_k: usize) -> Proposal {
+        if max_k == 0 {
+            return Proposal::default();
+        }
+        let t = self.d.controller.now();
+        let r = self
+            .d
+            .drafter
+            .propose(self.draft_request(self.ctx.clone(), max_k))
+            .await;
+        let dt = self.d.controller.now().saturating_duration_since(t);
+        self.outside += dt;
+        self.draft_done(dt);
+        usable(r, max_k)
+    }
+
+    pub(super) fn draft_done(&self, dt: Duration) {
+        self.d
+            .metrics
+            .draft_duration
+            .with_label_values(&[self.drafter.as_str()])
+            .observe(dt.as_secs_f64());
+        self.d.controller.record_draft(self.drafter, dt);
+    }
+
+    /// Emit samples through the generation state; returns a finish when one hits.
+    pub(super) async fn emit(
+        &mut self,
+        gen: &mut Generation<'_>,
+        samples: Vec<Sample>,
+    ) -> Result<Option<Finish>, ApiError> {
+        let mut finish = None;
+        for s in samples {
+            self.ctx.push(s.id);
+            if let Some(f) = gen.push(s) {
+                finish = Some(f);
+                break;
+            }
+        }
+        let (text, tokens) = gen.take();
+        if finish.is_none() && (!text.is_empty() || !tokens.is_empty()) {
+            self.tx
+                .send(Event::Delta { text, tokens })
+                .await
+                .map_err(|_| ApiError::Internal("client gone".into()))?;
+        } else if finish.is_some() {
+            // Keep them for the final event, sent with the finish reason.
+            gen.restore(text, tokens);
+        }
+        self.d
+            .drafter
+            .observe(self.p.stream, &self.ctx, self.p.prompt.len());
+        Ok(finish)
+    }
+}
+
+/// A drafter's answer as a proposal of at most `max_k` tokens.
+pub(super) fn usable(r: Result<Proposal, DraftError>, max_k: usize) -> Proposal {
+    match r {
+        Ok(p) => cut(p, max_k),
+        Err(e) => {
+            // A failing drafter degrades to plain decoding, it never fails the request.
+            tracing::warn!(error = %e, "drafter failed; continuing without drafts");
+            Proposal::default()
+        }
+    }
+}
