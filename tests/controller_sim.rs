@@ -135,10 +135,9 @@ async fn auto_speculates_when_it_pays_and_relays_when_it_does_not() {
     let (bad, sp) = relay_share(&specd.url, 8, 0.0, "auto").await;
     let m = specd.metrics().await;
     let decode = metric_sum(&m, "specd_controller_decode_cost_seconds");
-    let verify = m
-        .lines()
-        .filter(|l| l.starts_with("specd_controller_verify_cost_seconds{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    let verify = specd::upstream::prom_text::samples(&m)
+        .filter(|s| s.name == "specd_controller_verify_cost_seconds" && !s.labels.is_empty())
+        .map(|s| s.value)
         .filter(|v| *v > 0.0)
         .fold(f64::INFINITY, f64::min);
     if decode < verify {
@@ -155,12 +154,7 @@ async fn auto_speculates_when_it_pays_and_relays_when_it_does_not() {
     assert_eq!(v["usage"]["speculation"]["relay_tokens"], json!(0), "{v}");
 
     let m = specd.metrics().await;
-    let value = |name: &str| -> f64 {
-        m.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .fold(0.0, f64::max)
-    };
+    let value = |selector: &str| metric_max(&m, selector);
     let dec = value("specd_controller_decode_cost_seconds");
     assert!(dec > 0.008 && dec < 0.05, "decode cost {dec}");
     assert!(value("specd_controller_verify_cost_seconds{k=\"6\"}") > dec);
