@@ -102,7 +102,7 @@ fn models(st: &St) -> Response {
 
 fn metrics(st: &St) -> Response {
     let body = format!(
-        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{}\"}} {}\n",
+        "# specd-sim: stand-in upstream metrics\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{}\"}} {}\n",
         st.model,
         st.running()
     );
