@@ -9,15 +9,6 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
-fn counter(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 fn f(v: &Value, k: &str) -> f64 {
     v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
 }
@@ -115,10 +106,10 @@ async fn bench_report_matches_specd_metrics() {
     // The same figures from specd's counters, read independently after the run (this specd
     // served nothing else, so its totals are the run's).
     let m = specd.metrics().await;
-    let m_rounds = counter(&m, "specd_spec_rounds_per_request_sum");
-    let m_emitted = counter(&m, "specd_spec_decode_num_emitted_tokens_total");
-    let m_drafts = counter(&m, "specd_spec_decode_num_draft_tokens_total");
-    let m_accepted = counter(&m, "specd_spec_decode_num_accepted_tokens_total");
+    let m_rounds = metric_sum(&m, "specd_spec_rounds_per_request_sum");
+    let m_emitted = metric_sum(&m, "specd_spec_decode_num_emitted_tokens_total");
+    let m_drafts = metric_sum(&m, "specd_spec_decode_num_draft_tokens_total");
+    let m_accepted = metric_sum(&m, "specd_spec_decode_num_accepted_tokens_total");
     let bench_len = (rounds + accepted) / rounds;
     let metrics_len = m_emitted / m_rounds;
     assert!(

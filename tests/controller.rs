@@ -144,7 +144,8 @@ async fn auto_and_suffix_are_lossless() {
         "specd_mode_seconds_total",
     ] {
         assert!(
-            m.lines().any(|l| l.starts_with(name) && !l.ends_with(" 0")),
+            specd::upstream::prom_text::samples(&m)
+                .any(|s| s.name.starts_with(name) && s.value != 0.0),
             "{name} exported"
         );
     }

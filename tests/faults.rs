@@ -6,10 +6,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fault::{continuation, Call, Fault, FaultUpstream, MODEL};
+use common::fault::{self, continuation, MODEL};
 use common::*;
 use futures_util::future::join_all;
 use serde_json::{json, Value};
+use specd_sim::fault::{Call, Fault};
+use specd_sim::Upstream;
 
 /// A token-id prompt the n-gram drafter has nothing for at first (so `auto` relays).
 fn prompt(seed: u32) -> Vec<u32> {
@@ -22,8 +24,8 @@ fn body(prompt: &[u32], max_tokens: u32, mode: &str, stream: bool) -> Value {
            "speculation": mode})
 }
 
-async fn start(extra: &[&str]) -> (FaultUpstream, Specd) {
-    let up = FaultUpstream::start().await;
+async fn start(extra: &[&str]) -> (Upstream, Specd) {
+    let up = fault::start().await;
     let specd = Specd::start_ready(&up.url, extra).await;
     (up, specd)
 }

@@ -146,14 +146,6 @@ async fn network_cut_mid_stream_then_recovery() {
     assert_eq!(token_ids(&via), token_ids(&direct));
 }
 
-/// Sum of a vLLM metric's samples.
-fn vllm_metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn upstream_metrics(specd: &Specd) -> String {
     client()
         .get(format!("{}/upstream/metrics", specd.url))
@@ -171,7 +163,7 @@ async fn client_disconnects_abort_the_upstream_requests() {
     let specd = Specd::start_ready(&up, &[]).await;
     let running = || async {
         let m = upstream_metrics(&specd).await;
-        vllm_metric(&m, "vllm:num_requests_running") + vllm_metric(&m, "vllm:num_requests_waiting")
+        metric_sum(&m, "vllm:num_requests_running") + metric_sum(&m, "vllm:num_requests_waiting")
     };
     // Long generations: 2000 tokens without EOS take vLLM on the CPU well over 20 s, so
     // they can only be gone from its running requests within the bound below if they

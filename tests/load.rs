@@ -8,10 +8,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fault::{continuation, Call, Fault, FaultUpstream, MODEL};
+use common::fault::{self, continuation, MODEL};
 use common::*;
 use futures_util::future::join_all;
 use serde_json::{json, Value};
+use specd_sim::fault::{Call, Fault};
 
 fn body(prompt: &[u32], max_tokens: u32, mode: &str, stream: bool) -> Value {
     json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -85,7 +86,7 @@ async fn run_standin_streams(specd: &Specd, n: u32, max_tokens: u32) -> Duration
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_long_streams_through_the_stand_in() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     up.set_token_delay(Duration::from_millis(1));
     // Under the open-files limit a service manager typically leaves (1024 soft): 512
     // streams need more than that, and specd must raise its own limit.
@@ -144,7 +145,7 @@ async fn many_long_streams_through_the_stand_in() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnects_release_everything() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     up.set_token_delay(Duration::from_millis(20));
     up.fail(Call::Verify, Fault::Delay(Duration::from_millis(20)));
     let specd = Specd::start_ready(&up.url, &[]).await;
@@ -197,7 +198,7 @@ async fn disconnects_release_everything() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_limits_answer_429_with_retry_after() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     up.set_token_delay(Duration::from_millis(10));
     let specd = Specd::start_ready(
         &up.url,

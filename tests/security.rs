@@ -7,9 +7,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fault::{continuation, Call, Fault, FaultUpstream, MODEL};
+use common::fault::{self, continuation, MODEL};
 use common::*;
 use serde_json::{json, Value};
+use specd_sim::fault::{Call, Fault};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn tokens_body(prompt: &[u32], mode: &str, stream: bool) -> Value {
@@ -24,7 +25,7 @@ async fn send(req: reqwest::RequestBuilder) -> (u16, String) {
 
 #[tokio::test]
 async fn authorization_reaches_the_upstream_untouched() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     let specd = Specd::start_ready(&up.url, &[]).await;
     let auth = "Bearer client-secret-Zq9";
     let c = client();
@@ -84,7 +85,7 @@ async fn authorization_reaches_the_upstream_untouched() {
 
 #[tokio::test]
 async fn api_key_guards_the_client_address() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     let specd = Specd::start_ready(&up.url, &["--api-key", "k-123"]).await;
     let c = client();
     let url = format!("{}/v1/completions", specd.url);
@@ -131,7 +132,7 @@ async fn api_key_guards_the_client_address() {
 
 #[tokio::test]
 async fn admin_endpoints_on_their_own_address() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     let specd = Specd::start_ready(
         &up.url,
         &["--metrics-listen", "127.0.0.1:0", "--api-key", "k"],
@@ -158,7 +159,7 @@ async fn admin_endpoints_on_their_own_address() {
 
 #[tokio::test]
 async fn prompts_and_outputs_stay_out_of_the_logs() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     for format in ["text", "json"] {
         // Default level: no SPECD_LOG.
         let mut specd = Specd::start_env(&up.url, &["--log-format", format], &[]);
@@ -226,8 +227,8 @@ async fn raw_http(addr: &str, request: String) -> String {
 
 #[tokio::test]
 async fn clients_cannot_choose_the_upstream() {
-    let up = FaultUpstream::start().await;
-    let other = FaultUpstream::start().await;
+    let up = fault::start().await;
+    let other = fault::start().await;
     let specd = Specd::start_ready(&up.url, &[]).await;
     let addr = specd.url.trim_start_matches("http://").to_string();
     let o = other.addr;
@@ -282,7 +283,7 @@ fn private_ca() -> (String, Arc<tokio_rustls::rustls::ServerConfig>) {
 #[tokio::test]
 async fn tls_upstream_behind_a_private_ca() {
     let (ca_pem, cfg) = private_ca();
-    let up = FaultUpstream::start_tls(cfg).await;
+    let up = fault::start_tls(cfg).await;
     assert!(up.url.starts_with("https://"));
     let dir = std::env::temp_dir().join(format!("specd-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

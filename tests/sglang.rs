@@ -444,12 +444,3 @@ fn the_homogeneity_test_sees_a_real_difference() {
     let (s, df) = chi2_homogeneity(&a, &a);
     assert!(s < chi2_critical_001(df));
 }
-
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}

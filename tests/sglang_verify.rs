@@ -161,14 +161,6 @@ async fn load_signal_reads_both_servers() {
     }
 }
 
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter(|l| matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' ')))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn server_counters(up: &str) -> (f64, f64) {
     let text = client()
         .get(format!("{up}/metrics"))
@@ -179,8 +171,8 @@ async fn server_counters(up: &str) -> (f64, f64) {
         .await
         .expect("text");
     (
-        metric(&text, "sglang:prompt_tokens_total"),
-        metric(&text, "sglang:cached_tokens_total"),
+        metric_sum(&text, "sglang:prompt_tokens_total"),
+        metric_sum(&text, "sglang:cached_tokens_total"),
     )
 }
 

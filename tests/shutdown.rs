@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fault::{continuation, FaultUpstream, MODEL};
+use common::fault::{self, continuation, MODEL};
 use common::*;
 use serde_json::{json, Value};
 
@@ -30,7 +30,7 @@ async fn exited(specd: &mut Specd, within: Duration) -> Option<std::process::Exi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_streams_in_flight() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     up.set_token_delay(Duration::from_millis(10));
     let mut specd = Specd::start_env(
         &up.url,
@@ -87,7 +87,7 @@ async fn sigterm_drains_streams_in_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_timeout_bounds_the_shutdown() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     up.set_token_delay(Duration::from_millis(50));
     let mut specd = Specd::start_ready(&up.url, &["--drain-timeout", "1"]).await;
     let p: Vec<u32> = (700..706).collect();
@@ -114,7 +114,7 @@ async fn drain_timeout_bounds_the_shutdown() {
 
 #[tokio::test]
 async fn idle_shutdown_is_immediate() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     let mut specd = Specd::start_ready(&up.url, &["--drain-timeout", "30"]).await;
     let t = Instant::now();
     specd.terminate();
@@ -129,7 +129,7 @@ async fn idle_shutdown_is_immediate() {
 /// cleanly (the handlers are in place before specd listens).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_right_after_start_exits_cleanly() {
-    let up = FaultUpstream::start().await;
+    let up = fault::start().await;
     for _ in 0..5 {
         let mut specd = Specd::start(&up.url, &["--drain-timeout", "5"]);
         specd.terminate();

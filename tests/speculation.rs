@@ -190,17 +190,6 @@ async fn greedy_output_is_identical_to_direct_vllm() {
     eprintln!("ngram: {accepted} of {drafted} draft tokens accepted");
 }
 
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.starts_with(name)
-                && (l.as_bytes().get(name.len()) == Some(&b'{')
-                    || l.as_bytes().get(name.len()) == Some(&b' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test]
 async fn oracle_and_adversarial_drafters_keep_output_identical() {
     let up = upstream();

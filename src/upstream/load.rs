@@ -49,28 +49,14 @@ fn names(kind: UpstreamKind) -> Names {
     }
 }
 
-/// `name{labels} value [timestamp]` or `name value` → (name, value).
-fn sample(line: &str) -> Option<(&str, f64)> {
-    if line.starts_with('#') {
-        return None;
-    }
-    let (name, rest) = match line.find('{') {
-        Some(i) => {
-            let close = line[i..].rfind('}')? + i;
-            (&line[..i], &line[close + 1..])
-        }
-        None => line.split_once(' ')?,
-    };
-    let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
-    value.is_finite().then_some((name.trim(), value))
-}
-
 /// Read the load from a `/metrics` page; `None` when it holds none of the names.
 pub fn parse(kind: UpstreamKind, text: &str) -> Option<Load> {
     let n = names(kind);
     let (mut running, mut waiting, mut kv): (Option<f64>, Option<f64>, Option<f64>) =
         (None, None, None);
-    for (name, v) in text.lines().filter_map(sample) {
+    let finite = super::prom_text::samples(text).filter(|s| s.value.is_finite());
+    for s in finite {
+        let (name, v) = (s.name.as_str(), s.value);
         if n.running.contains(&name) {
             running = Some(running.unwrap_or(0.0) + v);
         } else if n.waiting.contains(&name) {

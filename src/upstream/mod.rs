@@ -3,6 +3,7 @@
 
 pub mod detect;
 pub mod load;
+pub mod prom_text;
 pub mod sglang;
 pub mod sse;
 pub mod tokenizer_check;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use specd::upstream::prom_text;
 
 /// URL of the real vLLM test upstream (`SPECD_TEST_UPSTREAM`, or started by the script).
 pub fn upstream() -> String {
@@ -295,9 +296,9 @@ impl Specd {
         assert!(ok.success());
     }
 
-    /// One metric's value (the first sample whose name and labels start with `prefix`).
-    pub async fn metric(&self, prefix: &str) -> Option<f64> {
-        metric_value(&self.metrics().await, prefix)
+    /// One metric's value (the first sample matching `selector`, as [`metric_value`]).
+    pub async fn metric(&self, selector: &str) -> Option<f64> {
+        metric_value(&self.metrics().await, selector)
     }
 
     /// Start and wait for `/readyz`.
@@ -337,24 +338,31 @@ impl Specd {
     }
 }
 
-/// The first sample in Prometheus text whose name (and labels) start with `prefix`.
-pub fn metric_value(text: &str, prefix: &str) -> Option<f64> {
-    samples(text, prefix).next()
+/// The first sample in Prometheus text matching `selector`: `name` or `name{k="v",…}`
+/// (a sample of that name carrying at least those labels).
+pub fn metric_value(text: &str, selector: &str) -> Option<f64> {
+    samples(text, selector).next()
 }
 
-/// The sum of every sample whose name (and labels) start with `prefix`.
-pub fn metric_sum(text: &str, prefix: &str) -> f64 {
-    samples(text, prefix).sum()
+/// The sum of every sample matching `selector`.
+pub fn metric_sum(text: &str, selector: &str) -> f64 {
+    samples(text, selector).sum()
 }
 
-fn samples<'a>(text: &'a str, prefix: &'a str) -> impl Iterator<Item = f64> + 'a {
-    text.lines()
-        .filter(move |l| {
-            l.strip_prefix(prefix).is_some_and(|rest| {
-                prefix.ends_with(['}', ',', '"']) || rest.starts_with([' ', '{'])
-            })
+/// The largest sample matching `selector`, 0 when none does.
+pub fn metric_max(text: &str, selector: &str) -> f64 {
+    samples(text, selector).fold(0.0, f64::max)
+}
+
+fn samples<'a>(text: &'a str, selector: &str) -> impl Iterator<Item = f64> + 'a {
+    // A selector reads as a sample line without its value.
+    let want = prom_text::parse_line(&format!("{selector} 0"))
+        .unwrap_or_else(|| panic!("not a metric selector: {selector}"));
+    prom_text::samples(text)
+        .filter(move |s| {
+            s.name == want.name && want.labels.iter().all(|(k, v)| s.label(k) == Some(v))
         })
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .map(|s| s.value)
 }
 
 /// Poll `check` every 50 ms until it holds or `timeout` passes; returns whether it held.

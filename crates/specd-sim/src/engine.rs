@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{next_after, SimConfig};
+use super::tokens::mix;
+use super::{SimConfig, Tokens};
 
 /// Where a job's tokens go.
 pub enum Sink {
@@ -54,14 +55,14 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn start(cfg: SimConfig) -> Engine {
+    pub fn start(cfg: SimConfig, tokens: Tokens) -> Engine {
         let (tx, rx) = std_mpsc::channel();
         let running = Arc::new(AtomicUsize::new(0));
         let api = Duration::from_secs_f64(cfg.api_ms.max(0.0) / 1000.0);
         let r = running.clone();
         std::thread::Builder::new()
             .name("specd-sim-engine".into())
-            .spawn(move || run(cfg, rx, r))
+            .spawn(move || run(cfg, tokens, rx, r))
             .ok();
         Engine { tx, running, api }
     }
@@ -78,7 +79,7 @@ impl Engine {
 }
 
 fn block_hash(h: u64, t: u32) -> u64 {
-    super::mix(h ^ u64::from(t).wrapping_mul(0xD6E8_FEB8_6659_FD93))
+    mix(h ^ u64::from(t).wrapping_mul(0xD6E8_FEB8_6659_FD93))
 }
 
 /// Prompt tokens past the cached full blocks; caches the prompt's full blocks.
@@ -100,7 +101,12 @@ fn uncached(prompt: &[u32], block: usize, cache: &mut HashSet<u64>) -> (usize, u
     (prompt.len() - cached, h)
 }
 
-fn run(cfg: SimConfig, rx: std_mpsc::Receiver<(Instant, Job)>, running: Arc<AtomicUsize>) {
+fn run(
+    cfg: SimConfig,
+    tokens: Tokens,
+    rx: std_mpsc::Receiver<(Instant, Job)>,
+    running: Arc<AtomicUsize>,
+) {
     let block = cfg.block.max(1);
     let mut cache: HashSet<u64> = HashSet::new();
     let mut waiting: Vec<(Instant, Job)> = Vec::new();
@@ -179,7 +185,7 @@ fn run(cfg: SimConfig, rx: std_mpsc::Receiver<(Instant, Job)>, running: Arc<Atom
         std::thread::sleep(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
         let mut finished = Vec::new();
         for (si, s) in seqs.iter_mut().enumerate() {
-            let t = next_after(s.last3, s.len, cfg.vocab);
+            let t = tokens.next_after(s.last3, s.len);
             s.last3 = [s.last3[1], s.last3[2], t];
             s.len += 1;
             s.prefill = 0;
@@ -242,7 +248,7 @@ mod tests {
             api_ms: 0.0,
             ..SimConfig::default()
         };
-        let e = Engine::start(cfg);
+        let e = Engine::start(cfg, Tokens::Hashed { vocab: 4096 });
         let p: Vec<u32> = vec![9, 8, 7, 6];
         let (tx, rx) = oneshot::channel();
         assert!(e.submit(Job {
@@ -251,8 +257,8 @@ mod tests {
             sink: Sink::Batch(tx),
         }));
         let out = rx.await.expect("batch answer");
-        assert_eq!(out[0], super::super::continuation(&p, 5, 4096));
-        assert_eq!(out[1], super::super::continuation(&[1, 2], 5, 4096));
+        assert_eq!(out[0], crate::continuation(&p, 5, 4096));
+        assert_eq!(out[1], crate::continuation(&[1, 2], 5, 4096));
         let (tx, mut rx) = mpsc::unbounded_channel();
         assert!(e.submit(Job {
             prompts: vec![p.clone()],
@@ -263,6 +269,6 @@ mod tests {
         while let Some(t) = rx.recv().await {
             got.push(t);
         }
-        assert_eq!(got, super::super::continuation(&p, 3, 4096));
+        assert_eq!(got, crate::continuation(&p, 3, 4096));
     }
 }

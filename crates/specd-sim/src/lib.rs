@@ -1,10 +1,12 @@
-//! `specd-sim`: a latency-model stand-in for a vLLM server, used only by specd's
-//! benchmarks and tests — not a product feature and never deployed.
+//! `specd-sim`: a fake vLLM server for specd's benchmarks and tests — not a product
+//! feature and never deployed.
 //!
-//! It speaks the subset of vLLM's HTTP API that specd uses (`/health`, `/v1/models`,
-//! `/version`, `/tokenize`, `/metrics`, and `/v1/completions` with token-id prompts,
-//! `logprobs` + `return_tokens_as_token_ids`, streaming). Its clock is a cost model with
-//! continuous batching: every engine step costs
+//! One server ([`Upstream`]) speaks the subset of vLLM's HTTP API that specd uses
+//! (`/health`, `/v1/models`, `/version`, `/tokenize`, `/detokenize`, `/metrics`, and
+//! `/v1/completions` with text or token-id prompts, `logprobs` +
+//! `return_tokens_as_token_ids`, streaming). Its tokens follow one rule ([`Tokens`]) and its
+//! clock is pluggable ([`Timing`]): immediate, for tests, or a cost model with continuous
+//! batching, for `specd-sim serve` and the scenario benchmarks. Every engine step costs
 //!
 //! ```text
 //! base + per_seq × decoding sequences + per_prefill_token × new prompt tokens
@@ -16,15 +18,20 @@
 //! streamed continuation is one extend pass then one decode step per token. Each request
 //! also waits `api` before it joins a step (HTTP, tokenization, scheduling).
 //!
-//! The next token is a deterministic function of the context (`next_token`), whatever
-//! the sampling parameters say. Benchmarks compute the true continuation with the same
-//! function and hand specd's `oracle` test drafter a copy in which each position is
-//! corrupted with a chosen probability: that sets the acceptance per position exactly.
+//! Benchmarks compute the true continuation with the same rule and hand specd's `oracle`
+//! test drafter a copy in which each position is corrupted with a chosen probability: that
+//! sets the acceptance per position exactly. Tests inject faults ([`fault`]): refused
+//! connections, delays, 5xx answers, malformed JSON, cut responses, requests never answered.
 
 mod engine;
+pub mod fault;
 pub mod server;
+mod tokens;
+pub mod upstream;
 
 pub use engine::Engine;
+pub use tokens::{continuation, corrupt, next_token, Tokens};
+pub use upstream::{Options, Timing, Upstream};
 
 /// The cost model, in milliseconds. Defaults: the field figures of a communication-bound
 /// 8-GPU server — a decode step of 12.1 ms for one stream, an extend (verify) pass of a
@@ -69,86 +76,5 @@ impl Default for SimConfig {
             vocab: 4096,
             max_model_len: 8192,
         }
-    }
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The token the sim produces after a context of length `len` ending in `last3`
-/// (oldest first; missing entries are 0).
-pub fn next_after(last3: [u32; 3], len: usize, vocab: u32) -> u32 {
-    let mut h = (len as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    for t in last3 {
-        h = mix(h ^ u64::from(t).wrapping_add(0x632B_E59B_D9B4_E019));
-    }
-    4 + (h % u64::from(vocab.max(5) - 4)) as u32
-}
-
-/// The token the sim produces after `ctx`.
-pub fn next_token(ctx: &[u32], vocab: u32) -> u32 {
-    let n = ctx.len();
-    let at = |back: usize| if n >= back { ctx[n - back] } else { 0 };
-    next_after([at(3), at(2), at(1)], n, vocab)
-}
-
-/// The sim's continuation of `prompt`, `n` tokens long.
-pub fn continuation(prompt: &[u32], n: usize, vocab: u32) -> Vec<u32> {
-    let mut ctx = prompt.to_vec();
-    for _ in 0..n {
-        let t = next_token(&ctx, vocab);
-        ctx.push(t);
-    }
-    ctx.split_off(prompt.len())
-}
-
-/// Copy of `truth` where position i is kept with probability `keep(i)` and otherwise
-/// replaced by another token; deterministic in `seed`.
-pub fn corrupt(truth: &[u32], keep: impl Fn(usize) -> f64, seed: u64, vocab: u32) -> Vec<u32> {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    truth
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| {
-            if rng.f64() < keep(i) {
-                t
-            } else {
-                4 + (t - 4 + 1 + rng.u32(0..vocab.max(6) - 5)) % (vocab.max(6) - 4)
-            }
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_are_deterministic_and_in_range() {
-        let p = [5, 6, 7, 8];
-        let a = continuation(&p, 50, 4096);
-        assert_eq!(a, continuation(&p, 50, 4096));
-        assert!(a.iter().all(|&t| (4..4096).contains(&t)));
-        assert_ne!(a, continuation(&[5, 6, 7, 9], 50, 4096));
-        let mut ctx = p.to_vec();
-        ctx.extend(&a[..10]);
-        assert_eq!(next_token(&ctx, 4096), a[10]);
-    }
-
-    #[test]
-    fn corruption_follows_the_keep_probability() {
-        let truth = continuation(&[1, 2, 3], 20_000, 4096);
-        let c = corrupt(&truth, |_| 0.7, 9, 4096);
-        let kept = truth.iter().zip(&c).filter(|(a, b)| a == b).count();
-        assert!((13_600..14_400).contains(&kept), "{kept}");
-        assert!(c.iter().all(|&t| (4..4096).contains(&t)));
-        assert_eq!(corrupt(&truth[..5], |_| 0.0, 1, 4096).len(), 5);
-        assert!(corrupt(&truth[..50], |_| 0.0, 1, 4096)
-            .iter()
-            .zip(&truth)
-            .all(|(a, b)| a != b));
     }
 }

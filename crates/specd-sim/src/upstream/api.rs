@@ -1,0 +1,172 @@
+//! Request handling: every request is recorded, counted by kind and checked against the
+//! fault rules before it is answered; then the small endpoints, and the error shape.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+
+use super::completions::{self, InFlight};
+use super::{Seen, St};
+use crate::fault::{Call, Fault};
+
+/// A vLLM-shaped error answer.
+pub(crate) fn error(status: u16, msg: &str) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let kind = if status < 500 {
+        "BadRequestError"
+    } else {
+        "InternalServerError"
+    };
+    let body = json!({"error": {"message": msg, "type": kind, "param": null, "code": status}});
+    (code, Json(body)).into_response()
+}
+
+impl St {
+    fn record(&self, s: Seen) {
+        if let Ok(mut q) = self.seen.lock() {
+            if q.len() >= 256 {
+                q.pop_front();
+            }
+            q.push_back(s);
+        }
+    }
+}
+
+pub(super) async fn handle(st: Arc<St>, req: Request<hyper::body::Incoming>) -> Response {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    let bytes = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    st.record(Seen {
+        path: path.clone(),
+        authorization: parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        body: body.clone(),
+    });
+    let call = Call::of(&path, &body);
+    st.calls[call as usize].fetch_add(1, Ordering::SeqCst);
+    let is_completion = path == "/v1/completions";
+    let prompts = if is_completion {
+        completions::prompts(&st, body.get("prompt"))
+    } else {
+        Ok(Vec::new())
+    };
+    let in_flight = is_completion.then(|| InFlight::new(&st));
+    let first = prompts
+        .as_ref()
+        .ok()
+        .and_then(|p| p.first()?.first().copied());
+    let fault = st.rules.take(call, first);
+    match fault {
+        Some(Fault::Status(s)) => return error(s, "fault injected by the fake upstream"),
+        Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
+        Some(Fault::Hang) => std::future::pending::<()>().await,
+        _ => {}
+    }
+    match path.as_str() {
+        "/health" => StatusCode::OK.into_response(),
+        "/version" => Json(json!({"version": "0.0.0+specd-sim"})).into_response(),
+        "/v1/models" => models(&st),
+        "/metrics" => metrics(&st),
+        "/tokenize" => tokenize(&st, &body),
+        "/detokenize" => detokenize(&st, &body),
+        "/v1/completions" => match prompts {
+            Ok(p) => completions::answer(st, &body, p, fault, in_flight).await,
+            Err(msg) => error(400, &msg),
+        },
+        _ => error(404, "not found"),
+    }
+}
+
+fn models(st: &St) -> Response {
+    Json(json!({"object": "list", "data": [{
+        "id": st.model, "object": "model", "created": 0, "owned_by": "vllm",
+        "root": st.root, "parent": null, "permission": [],
+        "max_model_len": st.max_model_len.load(Ordering::SeqCst),
+    }]}))
+    .into_response()
+}
+
+fn metrics(st: &St) -> Response {
+    let body = format!(
+        "# specd-sim: stand-in upstream metrics\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{}\"}} {}\n",
+        st.model,
+        st.running()
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+pub(crate) fn encode(st: &St, text: &str, special: bool) -> Result<Vec<u32>, String> {
+    st.tok
+        .encode(text, special)
+        .map(|e| e.get_ids().to_vec())
+        .map_err(|e| format!("tokenizer: {e}"))
+}
+
+fn tokenize(st: &St, b: &Value) -> Response {
+    let tokens = if let Some(msgs) = b.get("messages").and_then(Value::as_array) {
+        // ChatML, as the test models' template renders it.
+        let mut text = String::from("<|begin_of_text|>");
+        for m in msgs {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+            let content = m.get("content").and_then(Value::as_str).unwrap_or("");
+            text.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
+        }
+        if b.get("add_generation_prompt").and_then(Value::as_bool) != Some(false) {
+            text.push_str("<|im_start|>assistant\n");
+        }
+        let special = b.get("add_special_tokens").and_then(Value::as_bool) == Some(true);
+        encode(st, &text, special)
+    } else if let Some(p) = b.get("prompt").and_then(Value::as_str) {
+        let special = b.get("add_special_tokens").and_then(Value::as_bool) != Some(false);
+        encode(st, p, special)
+    } else {
+        return error(400, "tokenize needs a prompt or messages");
+    };
+    match tokens {
+        Ok(t) => Json(
+            json!({"count": t.len(), "max_model_len": st.max_model_len.load(Ordering::SeqCst),
+                             "tokens": t, "token_strs": null}),
+        )
+        .into_response(),
+        Err(msg) => error(400, &msg),
+    }
+}
+
+fn detokenize(st: &St, b: &Value) -> Response {
+    let Some(ids) = completions::ids(b.get("tokens").unwrap_or(&Value::Null)) else {
+        return error(400, "detokenize needs tokens");
+    };
+    match st.tok.decode(&ids, true) {
+        Ok(text) => Json(json!({"prompt": text})).into_response(),
+        Err(e) => error(400, &format!("tokenizer: {e}")),
+    }
+}
+
+/// A 200 whose body breaks off half-way.
+pub(crate) fn cut_body(full: Vec<u8>) -> Response {
+    let half = bytes::Bytes::from(full[..full.len() / 2].to_vec());
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = vec![
+        Ok(half),
+        Err(std::io::Error::other("cut by the fake upstream")),
+    ];
+    let mut r = Response::new(Body::from_stream(futures_util::stream::iter(chunks)));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
