@@ -89,6 +89,18 @@ impl ModelTokenizer {
         })
     }
 
+    /// A tokenizer with no EOS ids or configuration beside it (tests, tools).
+    pub fn from_tokenizer(tokenizer: Tokenizer) -> Self {
+        ModelTokenizer {
+            vocab_size: tokenizer.get_vocab_size(true),
+            tokenizer,
+            eos_id: None,
+            extra_eos_ids: Vec::new(),
+            path: PathBuf::new(),
+            clean_up_spaces: false,
+        }
+    }
+
     /// Text of a single token, as vLLM shows it in logprobs.
     pub fn token_text(&self, id: u32) -> String {
         self.tokenizer.decode(&[id], false).unwrap_or_default()

@@ -6,7 +6,7 @@
 //! encoded by both and, on vLLM, the ids are decoded by both. On any difference specd does
 //! not speculate (`specd_tokenizer_verified` stays 0) and says why in one log line.
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::detect::UpstreamKind;
 use super::verify::Backend;

@@ -25,13 +25,7 @@ fn shape(endpoint: Endpoint, want_logprobs: bool) -> Shape {
         model: "m".into(),
         want_logprobs,
         tokens_as_ids: false,
-        tokenizer: Arc::new(ModelTokenizer {
-            tokenizer,
-            eos_id: None,
-            extra_eos_ids: vec![],
-            vocab_size: 8,
-            path: Default::default(),
-        }),
+        tokenizer: Arc::new(ModelTokenizer::from_tokenizer(tokenizer)),
     }
 }
 

@@ -116,14 +116,7 @@ fn tokenizer() -> Arc<ModelTokenizer> {
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
     });
     let tokenizer: tokenizers::Tokenizer = json.to_string().parse().expect("tokenizer json");
-    Arc::new(ModelTokenizer {
-        tokenizer,
-        eos_id: None,
-        extra_eos_ids: vec![],
-        vocab_size: VOCAB as usize,
-        path: Default::default(),
-        clean_up_spaces: false,
-    })
+    Arc::new(ModelTokenizer::from_tokenizer(tokenizer))
 }
 
 struct Run {
