@@ -191,7 +191,7 @@ if ((RUN)); then
     log "docker stop (SIGTERM) and waiting for the drain"
     docker_cli stop -t 60 "$NAME" >/dev/null
     code=$(docker_cli inspect -f '{{.State.ExitCode}}' "$NAME")
-    drained=$(docker_cli logs "$NAME" 2>&1 | grep -i 'drained' | tail -n1 || true)
+    drained=$(docker_cli logs "$NAME" 2>&1 | sed 's/\x1b\[[0-9;]*m//g' | grep -i 'drained' | tail -n1 || true)
     if [[ $code == 0 && -n $drained ]]; then
         echo "ok    SIGTERM drain: exit status 0, log: ${drained}"
     else
@@ -215,7 +215,8 @@ if ((CUDA)); then
         fi
         local step why
         step=$(grep -E '^#[0-9]+ \[' "$out" | tail -n1 | cut -c1-110)
-        why=$(grep -E 'ERROR|error:|Could not resolve|no such host' "$out" | tail -n1 | cut -c1-200)
+        why=$(grep -E 'curl: \(|no such host' "$out" | tail -n1 | cut -c1-250)
+        [[ -n $why ]] || why=$(grep -E 'ERROR|error:' "$out" | tail -n1 | cut -c1-250)
         echo "cuda  stops at: ${step:-resolving the base images}"
         echo "      because: ${why:-see the build log}"
         return 1
