@@ -136,7 +136,7 @@ check "shellcheck" shellcheck -x scripts/lint-deploy.sh scripts/prometheus-check
 check "demo.sh stop stops the vLLM server of the model it started (target-trained)" bash -c '
     set -e
     d=$(mktemp -d)
-    trap "kill \$pid 2>/dev/null; rm -rf $d" EXIT
+    trap "kill \$pid 2>/dev/null || true; rm -rf $d" EXIT
     mkdir -p "$d/local" "$d/cache/run/vllm-specd-target-trained"
     setsid "$1" -c "import time; time.sleep(300)" vllm.entrypoints.openai.api_server </dev/null >/dev/null 2>&1 &
     pid=$!
