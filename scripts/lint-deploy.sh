@@ -165,6 +165,29 @@ check "Dockerfile: base images are build arguments, no frontend image to pull" b
     [[ -z $bad ]] || { echo "FROM lines not using a build argument: $bad"; exit 1; }'
 check ".dockerignore keeps the build inputs" bash -c \
     '! grep -qxE "(src|Cargo\.toml|Cargo\.lock|/?src/?)" .dockerignore'
+check ".dockerignore keeps the files the sources include (include_str!/include_bytes!)" \
+    "$PYTHON" - <<'EOF'
+import fnmatch, pathlib, re
+root = pathlib.Path(".").resolve()
+pats = [l.strip() for l in open(".dockerignore") if l.strip() and not l.startswith("#")]
+def ignored(rel):
+    parts, hit = rel.split("/"), False
+    for p in pats:
+        neg = p.startswith("!")
+        p = p.lstrip("!").lstrip("/")
+        for i in range(1, len(parts) + 1):
+            if fnmatch.fnmatch("/".join(parts[:i]), p) or (
+                    p.startswith("**/") and fnmatch.fnmatch(parts[i - 1], p[3:])):
+                hit = not neg
+    return hit
+bad = []
+for f in [*root.glob("src/**/*.rs"), *root.glob("benches/**/*.rs"), *root.glob("examples/**/*.rs")]:
+    for m in re.finditer(r'include_(?:str|bytes)!\("([^"]+)"\)', f.read_text()):
+        target = (f.parent / m.group(1)).resolve().relative_to(root).as_posix()
+        if ignored(target):
+            bad.append(f"{f.relative_to(root)}: {target}")
+assert not bad, "left out of the build context but included by the sources: " + ", ".join(bad)
+EOF
 
 echo "== compose and configs"
 check "yamllint deploy/" "${YAMLLINT[@]}" deploy
