@@ -98,7 +98,7 @@ _host_toolchain() {
 # plus a C tool chain, this machine's CA certificates and its Rust toolchain) unless they
 # exist.
 docker_base_images() {
-    local img=$DOCKER_DIR/images
+    local img=$DOCKER_DIR/images started=$SECONDS
     mkdir -p "$img"
     if ! docker_cli image inspect "$RUNTIME_LOCAL" >/dev/null 2>&1; then
         if [[ ! -f $img/bookworm-minbase.tar ]]; then
@@ -117,6 +117,8 @@ docker_base_images() {
         fi
         log "docker import $RUNTIME_LOCAL"
         docker_cli import --change 'CMD ["/bin/bash"]' "$img/bookworm-minbase.tar" "$RUNTIME_LOCAL" >/dev/null
+        log "made $RUNTIME_LOCAL in $((SECONDS - started)) s"
+        started=$SECONDS
     fi
     if docker_cli image inspect "$BUILDER_LOCAL" >/dev/null 2>&1; then
         return 0
@@ -172,4 +174,5 @@ EOF
         die "building $BUILDER_LOCAL failed"
     }
     rm -rf "$ctx"
+    log "made $BUILDER_LOCAL in $((SECONDS - started)) s"
 }
