@@ -105,12 +105,17 @@ EOF
         >"$STATE/build-vllm.log" 2>&1 \
         || { tail -n 30 "$STATE/build-vllm.log" >&2; die "building specd-vllm-cpu:local failed"; }
     log "docker-compose up -d (vLLM on the CPU takes a minute or more to become healthy)"
-    compose up -d --no-build 2>&1 | tee "$STATE/up.log"
+    if ! compose up -d --no-build 2>&1 | tee "$STATE/up.log"; then
+        compose logs --no-color >"$STATE/logs.txt" 2>&1 || true
+        grep -E 'Error|ERROR' "$STATE/logs.txt" | tail -n 5 >&2 || true
+        die "docker-compose up failed (service logs: $STATE/logs.txt)"
+    fi
     local url=http://127.0.0.1:$SPECD_PORT deadline=$((SECONDS + 900))
     until curl -sf -o /dev/null --max-time 5 "$url/readyz"; do
         if ((SECONDS > deadline)); then
             compose ps >&2
-            compose logs --tail=30 >&2
+            compose logs --no-color >"$STATE/logs.txt" 2>&1 || true
+            tail -n 30 "$STATE/logs.txt" >&2
             die "specd at $url did not become ready"
         fi
         sleep 1
