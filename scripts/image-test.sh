@@ -35,7 +35,10 @@
 #
 # Environment: SPECD_CACHE_DIR (default ~/.cache/specd), SPECD_IMAGE_TAG (default
 # specd:image-test), SPECD_DEBIAN_MIRROR (default http://deb.debian.org/debian),
-# SPECD_VLLM_MODEL (default target), SPECD_IMAGE_BUILD_TIMEOUT (seconds, default 3600).
+# SPECD_VLLM_MODEL (default target), SPECD_MODELS_DIR (default $SPECD_CACHE_DIR/models),
+# SPECD_IMAGE_BUILD_TIMEOUT (seconds, default 3600). Run as root (dockerd, debootstrap).
+# A cold build takes about 11 minutes on 2 cores, so this is not part of scripts/test.sh;
+# see docs/deployment.md.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
