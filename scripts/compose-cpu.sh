@@ -152,10 +152,9 @@ cmd_check() {
     # Prometheus (in the stack) scrapes specd:8100; wait for a scrape after the request.
     local deadline=$((SECONDS + 60)) q=""
     while ((SECONDS < deadline)); do
-        q=$(curl -sf "$prom/api/v1/query" --data-urlencode 'query=sum(specd_spec_rounds_total) or sum(specd_requests_total)' || true)
-        if "$PYTHON" -c 'import json,sys; r=json.loads(sys.argv[1])["data"]["result"]; sys.exit(0 if r and float(r[0]["value"][1]) > 0 else 1)' "$q" 2>/dev/null; then
-            break
-        fi
+        q=$(curl -sf "$prom/api/v1/query" --data-urlencode 'query=sum(specd_spec_decode_num_drafts_total{job="specd"})' || true)
+        q=$("$PYTHON" -c 'import json,sys; r=json.loads(sys.argv[1])["data"]["result"]; v=float(r[0]["value"][1]) if r else 0; print(f"sum(specd_spec_decode_num_drafts_total) = {v:g}" if v > 0 else "")' "$q" 2>/dev/null || true)
+        [[ -n $q ]] && break
         q=""
         sleep 1
     done
