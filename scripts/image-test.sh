@@ -72,12 +72,16 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/specd-image-test.XXXXXX")
 NAME=specd-image-test-$$
 STARTED_VLLM=0
 FAILED=0
+# A vLLM server of this script's own (its own served name, so its own state folder):
+# another user of scripts/vllm-cpu-upstream.sh with other arguments is left alone.
+SERVED=specd-image-test-$MODEL
+vllm_upstream() { SPECD_VLLM_MODEL=$MODEL SPECD_VLLM_SERVED_NAME=$SERVED "$ROOT/scripts/vllm-cpu-upstream.sh" "$@"; }
 
 cleanup() {
     local rc=$?
     docker_cli rm -f "$NAME" >/dev/null 2>&1 || true
     if ((STARTED_VLLM)); then
-        SPECD_VLLM_MODEL=$MODEL "$ROOT/scripts/vllm-cpu-upstream.sh" stop || true
+        vllm_upstream stop || true
     fi
     ((KEEP_DOCKER)) || docker_stop_daemon
     rm -rf "$WORK"
@@ -128,13 +132,12 @@ echo "binary: $(docker_cli run --rm --entrypoint /usr/local/bin/specd "$TAG" --v
 # --- 4. run it in front of vLLM ---------------------------------------------------------
 if ((RUN)); then
     log "starting vLLM on the CPU (model $MODEL)"
-    if ! SPECD_VLLM_MODEL=$MODEL "$ROOT/scripts/vllm-cpu-upstream.sh" status >/dev/null 2>&1; then
+    if ! vllm_upstream status >/dev/null 2>&1; then
         STARTED_VLLM=1
     fi
-    UPSTREAM=$(SPECD_VLLM_MODEL=$MODEL "$ROOT/scripts/vllm-cpu-upstream.sh" start | tail -n1)
+    UPSTREAM=$(vllm_upstream start | tail -n1)
     UPSTREAM=${UPSTREAM#UPSTREAM=}
     [[ $UPSTREAM == http://127.0.0.1:* ]] || die "no upstream URL (got '$UPSTREAM')"
-    SERVED=$(curl -sf "$UPSTREAM/v1/models" | "$PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
 
     # A free loopback port: the kernel picks one, specd binds it right after.
     PORT=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
