@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # specd container images.
 #
 #   CPU drafters (ngram, suffix, model on the CPU), the default target:
@@ -9,14 +8,28 @@
 # cargo-chef builds the dependencies from a recipe of the manifests in their own layer,
 # so a change to specd's sources rebuilds only specd. Both images run as a non-root user
 # and listen on 0.0.0.0:8100 (override with SPECD_LISTEN or --listen).
-# Build with BuildKit (the default builder): it skips the stages a target does not need.
+# Build with BuildKit (the default builder): it skips the stages a target does not need
+# (the legacy builder would build the CUDA stages for the CPU image too). The Dockerfile
+# uses only the builder's built-in syntax, so no frontend image is pulled.
+#
+# The base images are build arguments, so that a machine without access to the public
+# registries can substitute local ones (scripts/image-test.sh builds this Dockerfile from
+# a debootstrapped Debian that way); the defaults below are what a user gets:
+#   BUILDER_IMAGE       Debian bookworm with Rust (cargo on PATH, a C compiler)
+#   RUNTIME_IMAGE       the CPU image's base: glibc and libgcc, nothing else needed
+#   CUDA_DEVEL_IMAGE    the CUDA toolkit (nvcc) for the `cuda` build
+#   CUDA_RUNTIME_IMAGE  the CUDA runtime libraries for the `cuda` image
 
 ARG RUST_VERSION=1.95
 ARG CARGO_CHEF_VERSION=0.1.78
 ARG CUDA_VERSION=13.0.0
 ARG UBUNTU_VERSION=24.04
+ARG BUILDER_IMAGE=rust:${RUST_VERSION}-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
+ARG CUDA_DEVEL_IMAGE=nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION}
+ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION}
 
-FROM rust:${RUST_VERSION}-bookworm AS chef
+FROM ${BUILDER_IMAGE} AS chef
 ARG CARGO_CHEF_VERSION
 RUN cargo install --locked cargo-chef --version "${CARGO_CHEF_VERSION}"
 WORKDIR /src
@@ -33,7 +46,7 @@ RUN cargo build --release --locked --bin specd \
     && strip target/release/specd
 
 # --- CUDA: the same build on the CUDA devel image, run on the CUDA runtime image. ---
-FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS cuda-chef
+FROM ${CUDA_DEVEL_IMAGE} AS cuda-chef
 ARG RUST_VERSION
 ARG CARGO_CHEF_VERSION
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -63,7 +76,7 @@ COPY . .
 RUN cargo build --release --locked --features cuda --bin specd \
     && strip target/release/specd
 
-FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS cuda
+FROM ${CUDA_RUNTIME_IMAGE} AS cuda
 RUN groupadd --system --gid 10001 specd \
     && useradd --system --uid 10001 --gid specd --no-create-home --shell /usr/sbin/nologin specd
 COPY --from=cuda-builder /src/target/release/specd /usr/local/bin/specd
@@ -74,7 +87,7 @@ ENTRYPOINT ["/usr/local/bin/specd"]
 CMD ["serve"]
 
 # --- CPU runtime (default target, last so that a plain `docker build` picks it). ---
-FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
+FROM ${RUNTIME_IMAGE} AS runtime
 COPY --from=builder /src/target/release/specd /usr/local/bin/specd
 # distroless "nonroot" user
 USER 65532:65532

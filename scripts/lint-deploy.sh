@@ -118,26 +118,96 @@ check "every dashboard expression parses (promtool check rules)" \
 check "python scripts parse" "$PYTHON" -c 'import ast, sys
 for f in sys.argv[1:]:
     ast.parse(open(f).read(), f)' scripts/dashboard_metrics.py scripts/render_dashboard.py \
-    dashboards/build_specd.py tests/python/test_dashboard_check.py tests/python/test_dashboard_local_stack.py
+    dashboards/build_specd.py tests/python/test_dashboard_check.py tests/python/test_dashboard_local_stack.py \
+    scripts/deploy_checks.py
 check "scripts are executable" bash -c 'for f in "$@"; do [[ -x $f ]] || { echo "$f is not executable"; exit 1; }; done' _ \
     scripts/lint-deploy.sh scripts/prometheus-check.sh scripts/dashboard_metrics.py scripts/render_dashboard.py \
-    dashboards/build_specd.py deploy/local/up.sh deploy/local/down.sh deploy/local/load.sh
+    dashboards/build_specd.py deploy/local/up.sh deploy/local/down.sh deploy/local/load.sh \
+    scripts/image-test.sh scripts/compose-cpu.sh scripts/deploy_checks.py scripts/demo.sh
 
 echo "== shell"
 check "shellcheck" shellcheck -x scripts/lint-deploy.sh scripts/prometheus-check.sh \
-    deploy/local/lib.sh deploy/local/up.sh deploy/local/down.sh deploy/local/load.sh
+    deploy/local/lib.sh deploy/local/up.sh deploy/local/down.sh deploy/local/load.sh \
+    scripts/image-test.sh scripts/docker-local.sh scripts/compose-cpu.sh scripts/demo.sh
+
+# demo.sh stop (deploy/local/down.sh) must stop the vLLM server up.sh started, whichever
+# model it serves: a stand-in process that vllm-cpu-upstream.sh recognises as the server
+# of model target-trained, recorded the way up.sh records it.
+check "demo.sh stop stops the vLLM server of the model it started (target-trained)" bash -c '
+    set -e
+    d=$(mktemp -d)
+    trap "kill \$pid 2>/dev/null || true; rm -rf $d" EXIT
+    mkdir -p "$d/local" "$d/cache/run/vllm-specd-target-trained"
+    setsid "$1" -c "import time; time.sleep(300)" vllm.entrypoints.openai.api_server </dev/null >/dev/null 2>&1 &
+    pid=$!
+    echo "$pid" >"$d/cache/run/vllm-specd-target-trained/pid"
+    echo 1 >"$d/cache/run/vllm-specd-target-trained/port"
+    printf "STARTED_VLLM=1\nVLLM_MODEL=target-trained\nVLLM_SERVED_NAME=specd-target-trained\n" >"$d/local/env"
+    SPECD_LOCAL_STATE=$d/local SPECD_CACHE_DIR=$d/cache SPECD_VLLM_MODEL= bash scripts/demo.sh stop
+    for _ in $(seq 100); do
+        state=$(ps -o stat= -p "$pid" || true)
+        [[ -z $state || $state == Z* ]] && exit 0
+        sleep 0.1
+    done
+    echo "the target-trained server (pid $pid) is still running"; exit 1' _ "$PYTHON"
+check "up.sh records the model of the vLLM server it starts, for down.sh" \
+    grep -q 'record VLLM_MODEL' deploy/local/up.sh
 
 echo "== Dockerfile"
 check "hadolint Dockerfile" "$VENV/bin/hadolint" Dockerfile
+check "hadolint deploy/vllm-cpu/Dockerfile" "$VENV/bin/hadolint" deploy/vllm-cpu/Dockerfile
+check "Dockerfile: base images are build arguments, no frontend image to pull" bash -c '
+    ! grep -qi "^# *syntax=" Dockerfile || { echo "a # syntax= line pulls a frontend image"; exit 1; }
+    for a in BUILDER_IMAGE RUNTIME_IMAGE CUDA_DEVEL_IMAGE CUDA_RUNTIME_IMAGE; do
+        grep -q "^ARG $a=" Dockerfile || { echo "no ARG $a"; exit 1; }
+    done
+    bad=$(grep -E "^FROM " Dockerfile | grep -vE "^FROM ([\$][{][A-Z_]+[}]|chef|cuda-chef) AS " || true)
+    [[ -z $bad ]] || { echo "FROM lines not using a build argument: $bad"; exit 1; }'
 check ".dockerignore keeps the build inputs" bash -c \
     '! grep -qxE "(src|Cargo\.toml|Cargo\.lock|/?src/?)" .dockerignore'
+check ".dockerignore keeps the files the sources include (include_str!/include_bytes!)" \
+    "$PYTHON" - <<'EOF'
+import fnmatch, pathlib, re
+root = pathlib.Path(".").resolve()
+pats = [l.strip() for l in open(".dockerignore") if l.strip() and not l.startswith("#")]
+def ignored(rel):
+    parts, hit = rel.split("/"), False
+    for p in pats:
+        neg = p.startswith("!")
+        p = p.lstrip("!").lstrip("/")
+        for i in range(1, len(parts) + 1):
+            if fnmatch.fnmatch("/".join(parts[:i]), p) or (
+                    p.startswith("**/") and fnmatch.fnmatch(parts[i - 1], p[3:])):
+                hit = not neg
+    return hit
+bad = []
+for f in [*root.glob("src/**/*.rs"), *root.glob("benches/**/*.rs"), *root.glob("examples/**/*.rs")]:
+    for m in re.finditer(r'include_(?:str|bytes)!\("([^"]+)"\)', f.read_text()):
+        target = (f.parent / m.group(1)).resolve().relative_to(root).as_posix()
+        if ignored(target):
+            bad.append(f"{f.relative_to(root)}: {target}")
+assert not bad, "left out of the build context but included by the sources: " + ", ".join(bad)
+EOF
 
 echo "== compose and configs"
 check "yamllint deploy/" "${YAMLLINT[@]}" deploy
 check "promtool check config deploy/prometheus.yml" promtool check config deploy/prometheus.yml
+CPU_COMPOSE_ENV=(env SPECD_VLLM_SITE_PACKAGES=/opt/site-packages SPECD_MODELS_DIR=/opt/models)
 if command -v docker-compose >/dev/null; then
     check "docker-compose config (compose file schema and interpolation)" \
         docker-compose -f deploy/docker-compose.yml config -q
+    check "docker-compose config docker-compose.cpu.yml" \
+        "${CPU_COMPOSE_ENV[@]}" docker-compose -f deploy/docker-compose.cpu.yml config -q
+    check "compose (GPU): specd reaches vLLM and reads the served model's tokenizer from the shared volume" \
+        bash -c 'docker-compose -f deploy/docker-compose.yml config >"$2/compose-gpu.yaml" &&
+            "$1" scripts/deploy_checks.py compose-gpu "$2/compose-gpu.yaml"' _ "$VENV/bin/python" "$OUT"
+    check "compose (CPU): specd reaches vLLM and reads the served model's tokenizer from the shared mount" \
+        bash -c '"${@:3}" docker-compose -f deploy/docker-compose.cpu.yml config >"$2/compose-cpu.yaml" &&
+            "$1" scripts/deploy_checks.py compose-cpu "$2/compose-cpu.yaml"' _ "$VENV/bin/python" "$OUT" \
+        "${CPU_COMPOSE_ENV[@]}"
+    expect_fail "compose (GPU) check rejects specd without the tokenizer" "SPECD_TOKENIZER is not" \
+        bash -c 'docker-compose -f deploy/docker-compose.yml config | sed "/SPECD_TOKENIZER/d" >"$2/bad.yaml" &&
+            "$1" scripts/deploy_checks.py compose-gpu "$2/bad.yaml"' _ "$VENV/bin/python" "$OUT"
 else
     log "docker-compose is not installable here: only the structural check below runs"
 fi
@@ -148,7 +218,7 @@ from pathlib import Path
 path = Path(sys.argv[1])
 doc = yaml.safe_load(path.read_text())
 svc = doc["services"]
-assert set(svc) == {"vllm", "specd", "prometheus", "grafana"}, set(svc)
+assert set(svc) == {"model", "vllm", "specd", "prometheus", "grafana"}, set(svc)
 for name, s in svc.items():
     for p in s.get("ports", []):
         assert str(p).startswith("127.0.0.1:"), f"{name} publishes {p} beyond loopback"
@@ -174,8 +244,9 @@ EOF
 echo "== helm chart"
 check "yamllint helm/specd/Chart.yaml values.yaml" "${YAMLLINT[@]}" "$CHART/Chart.yaml" "$CHART/values.yaml"
 check "helm lint --strict (sidecar, default values)" "$H" lint --strict "$CHART"
-check "helm lint --strict (standalone)" "$H" lint --strict "$CHART" \
-    --set mode=standalone --set upstream.url=http://vllm.default.svc:8000
+STANDALONE=(--set mode=standalone --set upstream.url=http://vllm.default.svc:8000
+    --set model.tokenizer=/models/Qwen2.5-7B-Instruct --set model.volume.source.persistentVolumeClaim.claimName=models)
+check "helm lint --strict (standalone)" "$H" lint --strict "$CHART" "${STANDALONE[@]}"
 render() {
     local name=$1
     shift
@@ -188,8 +259,29 @@ render sidecar-gpu --set specd.gpu=1 --set specd.draftDevice=cuda:0 --set specd.
     --set specd.draftModel=/models/draft --set upstream.preStopSleepSeconds=20 \
     --set specd.metricsPort=9091 --set serviceMonitor.enabled=true --set upstream.exposeInService=true \
     --set specd.apiKey.existingSecret=specd-key
-render standalone --set mode=standalone --set upstream.url=http://vllm.default.svc:8000 \
-    --set serviceMonitor.enabled=true
+render standalone "${STANDALONE[@]}" --set serviceMonitor.enabled=true
+render sidecar-parsers --set model.reasoningParser=qwen3 --set model.toolCallParser=hermes
+render sidecar-sglang-path --set model.name=/models/Qwen2.5-7B-Instruct \
+    --set model.volume.source.persistentVolumeClaim.claimName=models --set upstream.server=sglang \
+    --set upstream.container.name=sglang --set upstream.container.image=lmsysorg/sglang:v0.5.4 \
+    --set 'upstream.container.command={python3,-m,sglang.launch_server}' --set upstream.container.args=null \
+    --set model.reasoningParser=qwen3 --set model.toolCallParser=qwen25
+would_speculate() {
+    local name=$1
+    shift
+    check "helm $name would speculate: upstream port, shared tokenizer, speculation on, /readyz" \
+        "$VENV/bin/python" scripts/deploy_checks.py helm "$OUT/$name.yaml" "$@"
+}
+would_speculate sidecar
+would_speculate sidecar-gpu
+would_speculate standalone
+would_speculate sidecar-parsers --reasoning-parser qwen3 --tool-call-parser hermes
+would_speculate sidecar-sglang-path --reasoning-parser qwen3 --tool-call-parser qwen25
+expect_fail "the speculation check rejects a sidecar whose parsers reach only one side" "expected" \
+    "$VENV/bin/python" scripts/deploy_checks.py helm "$OUT/sidecar-parsers.yaml"
+expect_fail "the speculation check rejects speculation off" "SPECD_SPECULATION is off" \
+    bash -c '"$1" template specd "$2" --set specd.speculation=off >"$3/off.yaml" &&
+        "$4" scripts/deploy_checks.py helm "$3/off.yaml"' _ "$H" "$CHART" "$OUT" "$VENV/bin/python"
 check "rendered manifests: probes, GPU, dashboard, ServiceMonitor wiring" \
     "$VENV/bin/python" - "$OUT" "$ROOT" <<'EOF'
 import json, sys, yaml
@@ -253,6 +345,12 @@ expect_fail "schema rejects the model drafter without a draft model" "specd.draf
     "$H" template specd "$CHART" --set specd.drafter=model
 expect_fail "schema rejects unknown values (typos)" "Additional property drafterr" \
     "$H" template specd "$CHART" --set specd.drafterr=ngram
+expect_fail "a hub id served without a download needs model.tokenizer" "model.tokenizer is required" \
+    "$H" template specd "$CHART" --set model.download=false
+expect_fail "standalone with a hub id needs model.tokenizer" "model.tokenizer is required" \
+    "$H" template specd "$CHART" --set mode=standalone --set upstream.url=http://vllm:8000
+expect_fail "schema rejects a relative tokenizer path" "model.tokenizer: Does not match pattern" \
+    "$H" template specd "$CHART" --set model.tokenizer=models/tok
 
 echo
 echo "lint-deploy: $PASS passed, $FAIL failed"

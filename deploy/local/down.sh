@@ -31,7 +31,10 @@ stop_recorded GRAFANA_PID grafana
 stop_recorded PROMETHEUS_PID prometheus
 stop_recorded SPECD_PID specd
 if [[ ${ENV[STARTED_VLLM]:-0} == 1 ]]; then
-    "$ROOT/scripts/vllm-cpu-upstream.sh" stop
+    # The server up.sh started, whichever model it serves (not the caller's default).
+    model=${ENV[VLLM_MODEL]:-${SPECD_VLLM_MODEL:-target}}
+    SPECD_VLLM_MODEL=$model SPECD_VLLM_SERVED_NAME=${ENV[VLLM_SERVED_NAME]:-specd-$model} \
+        "$ROOT/scripts/vllm-cpu-upstream.sh" stop
 fi
 rm -f "$STATE/env"
 log "stopped (logs kept in $STATE)"

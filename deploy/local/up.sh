@@ -64,6 +64,9 @@ if [[ -z $UPSTREAM ]]; then
         log "a CPU vLLM server is already running; using it (down.sh will leave it running)"
     else
         record STARTED_VLLM 1
+        # down.sh stops this very server: the one of this model and served name.
+        record VLLM_MODEL "${SPECD_VLLM_MODEL:-target}"
+        record VLLM_SERVED_NAME "${SPECD_VLLM_SERVED_NAME:-specd-${SPECD_VLLM_MODEL:-target}}"
     fi
     log "starting vLLM on the CPU (first start installs it and takes minutes)"
     UPSTREAM=$("$ROOT/scripts/vllm-cpu-upstream.sh" start | tail -n1)
