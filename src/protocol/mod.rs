@@ -5,3 +5,12 @@
 pub mod lax;
 pub mod request;
 pub mod response;
+
+/// The two generation routes specd speculates on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/completions`
+    Completions,
+    /// `/v1/chat/completions`
+    Chat,
+}

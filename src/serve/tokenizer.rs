@@ -3,6 +3,8 @@
 //! cache). It is used only once it agrees with the upstream's own tokenizer
 //! (`upstream::tokenizer_check`), checked at start and on every re-detection; until then,
 //! or after a mismatch, generation requests pass through (`reason="no_tokenizer"`).
+//! `/readyz` waits for the first decision, so a ready specd speculates from its first
+//! request.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -47,21 +49,31 @@ pub(super) async fn verify(st: Shared, info: UpstreamInfo) {
         Ok(c) => c,
         Err(why) => return install(&st, None, &why),
     };
-    match check(
-        &cand,
-        backend.as_ref(),
-        &st.upstream,
-        info.kind,
-        &info.model,
-    )
-    .await
-    {
-        Ok(()) => install(&st, Some(cand), ""),
-        // The upstream did not answer: keep what was decided before.
-        Err(Mismatch::Upstream(e)) => tracing::debug!(error = %e, "tokenizer check postponed"),
-        Err(e) => install(&st, None, &e.to_string()),
+    // A busy upstream may not answer at once; the first decision waits a little for it.
+    for attempt in 1..=CHECK_ATTEMPTS {
+        let checked = check(
+            &cand,
+            backend.as_ref(),
+            &st.upstream,
+            info.kind,
+            &info.model,
+        );
+        match checked.await {
+            Ok(()) => return install(&st, Some(cand), ""),
+            Err(Mismatch::Upstream(e)) if attempt < CHECK_ATTEMPTS => {
+                tracing::debug!(error = %e, attempt, "tokenizer check: upstream did not answer");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            // Keep a decision already made; a first one is "no" until the next detection.
+            Err(Mismatch::Upstream(e)) if st.tokenizer_decided.load(Ordering::Relaxed) => {
+                return tracing::debug!(error = %e, "tokenizer check postponed");
+            }
+            Err(e) => return install(&st, None, &e.to_string()),
+        }
     }
 }
+
+const CHECK_ATTEMPTS: u32 = 10;
 
 fn install(st: &Shared, tok: Option<Arc<ModelTokenizer>>, why: &str) {
     let ok = tok.is_some();

@@ -1,5 +1,5 @@
-//! specd's own endpoints: `/livez` (the process runs), `/readyz` (the upstream answers and
-//! specd is not draining), `/metrics` (Prometheus text). `/specd/metrics` is an alias.
+//! specd's own endpoints: `/livez` (the process runs), `/readyz` (the upstream answers,
+//! the tokenizer check has concluded, and specd is not draining), `/metrics` (Prometheus text). `/specd/metrics` is an alias.
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -30,6 +30,11 @@ async fn readyz(State(st): State<Shared>) -> impl IntoResponse {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
     } else if !st.upstream.is_ready() {
         (StatusCode::SERVICE_UNAVAILABLE, "upstream not ready\n")
+    } else if !st
+        .tokenizer_decided
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        (StatusCode::SERVICE_UNAVAILABLE, "checking the tokenizer\n")
     } else {
         (StatusCode::OK, "ready\n")
     }

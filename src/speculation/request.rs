@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::policy;
+use super::policy::fields;
 use crate::config::SpecMode;
 use crate::error::ApiError;
 use crate::metrics::labels::PassthroughReason;
@@ -11,11 +11,7 @@ use crate::protocol::lax;
 use crate::protocol::request::{RequestBody, StreamOptions};
 use crate::upstream::verify::Sampling;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Completions,
-    Chat,
-}
+pub use crate::protocol::Endpoint;
 
 #[derive(Debug, Clone)]
 pub enum PromptInput {
@@ -83,7 +79,7 @@ pub fn parse(
 ) -> Result<Intake, ApiError> {
     let spec = spec_options(header, &mut body)?;
     // Several prompts pass through whatever else the body holds.
-    if endpoint == Endpoint::Completions && policy::many_prompts(body.get("prompt")) {
+    if endpoint == Endpoint::Completions && fields::many_prompts(body.get("prompt")) {
         let reason = PassthroughReason::MultiplePrompts;
         return Ok(Intake::Passthrough { reason, body });
     }
@@ -93,7 +89,7 @@ pub fn parse(
         return Err(bad("request body must be a JSON object"));
     };
     let gen = validate(endpoint, typed, spec, body)?;
-    Ok(match policy::request_reason(endpoint, &gen.body) {
+    Ok(match fields::request_reason(endpoint, &gen.body) {
         Some(reason) => Intake::Passthrough {
             reason,
             body: gen.body,

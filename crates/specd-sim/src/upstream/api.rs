@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,20 +11,9 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 use super::completions::{self, InFlight};
+use super::reply::{encode, error};
 use super::{Seen, St};
 use crate::fault::{Call, Fault};
-
-/// A vLLM-shaped error answer.
-pub(crate) fn error(status: u16, msg: &str) -> Response {
-    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let kind = if status < 500 {
-        "BadRequestError"
-    } else {
-        "InternalServerError"
-    };
-    let body = json!({"error": {"message": msg, "type": kind, "param": null, "code": status}});
-    (code, Json(body)).into_response()
-}
 
 impl St {
     fn record(&self, s: Seen) {
@@ -109,13 +97,6 @@ fn metrics(st: &St) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
-pub(crate) fn encode(st: &St, text: &str, special: bool) -> Result<Vec<u32>, String> {
-    st.tok
-        .encode(text, special)
-        .map(|e| e.get_ids().to_vec())
-        .map_err(|e| format!("tokenizer: {e}"))
-}
-
 fn tokenize(st: &St, b: &Value) -> Response {
     let tokens = if let Some(msgs) = b.get("messages").and_then(Value::as_array) {
         // ChatML, as the test models' template renders it.
@@ -150,23 +131,9 @@ fn detokenize(st: &St, b: &Value) -> Response {
     let Some(ids) = completions::ids(b.get("tokens").unwrap_or(&Value::Null)) else {
         return error(400, "detokenize needs tokens");
     };
-    match st.tok.decode(&ids, true) {
+    // vLLM's /detokenize keeps special tokens.
+    match st.tok.decode(&ids, false) {
         Ok(text) => Json(json!({"prompt": text})).into_response(),
         Err(e) => error(400, &format!("tokenizer: {e}")),
     }
-}
-
-/// A 200 whose body breaks off half-way.
-pub(crate) fn cut_body(full: Vec<u8>) -> Response {
-    let half = bytes::Bytes::from(full[..full.len() / 2].to_vec());
-    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = vec![
-        Ok(half),
-        Err(std::io::Error::other("cut by the fake upstream")),
-    ];
-    let mut r = Response::new(Body::from_stream(futures_util::stream::iter(chunks)));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    r
 }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::api::{cut_body, encode, error};
+use super::reply::{cut_body, encode, error};
 use super::{Clock, St};
 use crate::engine::{Job, Sink};
 use crate::fault::Fault;

@@ -25,6 +25,7 @@ use crate::{SimConfig, Tokens};
 
 mod api;
 mod completions;
+mod reply;
 
 /// When tokens come out.
 #[derive(Debug, Clone)]

@@ -1,0 +1,88 @@
+//! When specd speculates and when it forwards a request unchanged (passthrough), in one
+//! place: the request's own fields first, then the request's mode and the server's state.
+//!
+//! The rule for fields: specd speculates only what it reproduces exactly. A field whose
+//! effect it cannot reproduce, and a value it does not fully understand, is forwarded, so
+//! the client gets the upstream's own answer — its result or its error — never specd's
+//! guess.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+pub mod fields;
+
+use super::controller::Controller;
+use super::request::{Endpoint, GenRequest, Intake};
+use crate::config::SpecMode;
+use crate::metrics::labels::PassthroughReason as Reason;
+use crate::tokens::ModelTokenizer;
+use crate::upstream::verify::Backend;
+
+/// What the server offers for speculation right now.
+pub struct Conditions<'a> {
+    /// `--speculation`, for requests that do not choose.
+    pub default_mode: SpecMode,
+    pub controller: &'a Controller,
+    pub backend: Option<Arc<dyn Backend>>,
+    pub tokenizer: Option<Arc<ModelTokenizer>>,
+}
+
+/// A request to speculate, with what it needs.
+pub struct Plan {
+    pub gen: GenRequest,
+    pub mode: SpecMode,
+    pub backend: Arc<dyn Backend>,
+    pub tokenizer: Arc<ModelTokenizer>,
+}
+
+pub enum Route {
+    Speculate(Box<Plan>),
+    Passthrough {
+        reason: Reason,
+        body: Map<String, Value>,
+    },
+}
+
+/// The passthrough decision for a valid request: its fields, then its mode, then whether
+/// the server can speculate now.
+pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
+    let mut gen = match intake {
+        Intake::Passthrough { reason, body } => return Route::Passthrough { reason, body },
+        Intake::Speculate(gen) => *gen,
+    };
+    let pass = |reason, gen: GenRequest| Route::Passthrough {
+        reason,
+        body: gen.body,
+    };
+    let mode = gen.spec.mode.unwrap_or(c.default_mode);
+    if mode == SpecMode::Off {
+        return pass(Reason::Disabled, gen);
+    }
+    // Where speculation has not been paying, most `auto` requests skip specd's loop
+    // (seeded sampled ones never: their output must not depend on the path).
+    if mode == SpecMode::Auto
+        && !gen.sampling.is_seeded_sampled()
+        && gen.spec.switch_every.is_none()
+        && !c.controller.watch_auto()
+    {
+        return pass(Reason::NotPaying, gen);
+    }
+    let Some(backend) = c.backend.clone() else {
+        return pass(Reason::UpstreamNotReady, gen);
+    };
+    let Some(tokenizer) = c.tokenizer.clone() else {
+        return pass(Reason::NoTokenizer, gen);
+    };
+    // The upstream may fill sampling defaults of its own, or apply what specd cannot.
+    let chat = gen.endpoint == Endpoint::Chat;
+    if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
+        return pass(reason, gen);
+    }
+    Route::Speculate(Box::new(Plan {
+        gen,
+        mode,
+        backend,
+        tokenizer,
+    }))
+}
