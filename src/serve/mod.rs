@@ -93,7 +93,6 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
         controller,
         tokenizer: RwLock::new(None),
         configured_tokenizer,
-        tokenizer_verified: AtomicBool::new(false),
         tokenizer_decided: AtomicBool::new(false),
         backend: RwLock::new(None),
         draining: AtomicBool::new(false),

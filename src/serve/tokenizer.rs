@@ -77,7 +77,8 @@ const CHECK_ATTEMPTS: u32 = 10;
 
 fn install(st: &Shared, tok: Option<Arc<ModelTokenizer>>, why: &str) {
     let ok = tok.is_some();
-    let was = st.tokenizer_verified.swap(ok, Ordering::Relaxed);
+    // The tokenizer in use is the verified state; no second flag to keep in step.
+    let was = st.tokenizer().is_some();
     let first = !st.tokenizer_decided.swap(true, Ordering::Relaxed);
     if let Some(t) = &tok {
         if first || !was {

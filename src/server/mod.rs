@@ -39,7 +39,6 @@ pub struct AppState {
     pub tokenizer: RwLock<Option<Arc<ModelTokenizer>>>,
     /// `--tokenizer`, loaded at start (checked against the upstream like any other).
     pub configured_tokenizer: Option<Arc<ModelTokenizer>>,
-    pub tokenizer_verified: AtomicBool,
     /// Whether any check has concluded yet (the first outcome is always logged).
     pub tokenizer_decided: AtomicBool,
     pub backend: RwLock<Option<Arc<dyn Backend>>>,
