@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 
 use crate::draft::model::{DraftDevice, DraftDtype};
 use crate::draft::DrafterKind;
+use crate::speculation::controller::K_TRACKED;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum UpstreamKindArg {
@@ -88,9 +89,15 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_DRAFTER", value_enum, default_value = "ngram")]
     pub drafter: DrafterKind,
 
-    /// Maximum draft tokens per verify round.
-    #[arg(long, env = "SPECD_MAX_DRAFT_TOKENS", default_value_t = 4)]
+    /// Draft tokens per verify round in mode `on` (every round verifies that many).
+    #[arg(long, env = "SPECD_MAX_DRAFT_TOKENS", default_value_t = 4, value_parser = draft_tokens)]
     pub max_draft_tokens: usize,
+
+    /// Most draft tokens per round that `auto` may choose (it picks K per round from its
+    /// estimates; 16 is the most they track). With a verify cost nearly flat in K, a cap
+    /// of 16 reached 2.23x plain where a cap of 4 reached 1.40x (docs/controller.md).
+    #[arg(long, env = "SPECD_AUTO_MAX_DRAFT_TOKENS", default_value_t = K_TRACKED, value_parser = auto_draft_tokens)]
+    pub auto_max_draft_tokens: usize,
 
     /// Shortest suffix match the n-gram drafter acts on.
     #[arg(long, env = "SPECD_NGRAM_MIN", default_value_t = 2)]
@@ -278,6 +285,21 @@ fn at_least(s: &str, min: usize) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(v) if v >= min => Ok(v),
         _ => Err(format!("`{s}` must be a whole number, at least {min}")),
+    }
+}
+
+/// The range a request's `speculation.max_draft_tokens` accepts.
+fn draft_tokens(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(v) if v <= 64 => Ok(v),
+        _ => Err(format!("`{s}` must be a whole number in 0..=64")),
+    }
+}
+
+fn auto_draft_tokens(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(v) if (1..=K_TRACKED).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` must be a whole number in 1..={K_TRACKED}")),
     }
 }
 

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use super::passthrough::forward_bytes;
 use super::{respond, Shared};
+use crate::config::SpecMode;
 use crate::error::ApiError;
 use crate::metrics::labels::{PassthroughReason, RejectReason};
 use crate::speculation::limits;
@@ -214,10 +215,10 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
         skip_special_tokens: gen.skip_special_tokens,
         include_stop_str: gen.include_stop_str_in_output,
         mode,
-        k_max: gen
-            .spec
-            .max_draft_tokens
-            .unwrap_or(st.args.max_draft_tokens),
+        k_max: gen.spec.max_draft_tokens.unwrap_or(match mode {
+            SpecMode::Auto => st.args.auto_max_draft_tokens,
+            _ => st.args.max_draft_tokens,
+        }),
         switch_every: gen.spec.switch_every,
     };
     let deps = SessionDeps {

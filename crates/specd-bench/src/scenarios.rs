@@ -38,9 +38,9 @@ pub struct BenchArgs {
     pub tokens: u32,
     #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
     pub static_k: Vec<usize>,
-    /// K cap for `auto`.
-    #[arg(long, default_value_t = 8)]
-    pub auto_k: usize,
+    /// K cap for `auto` (default: specd's own, `--auto-max-draft-tokens`).
+    #[arg(long)]
+    pub auto_k: Option<usize>,
     /// Drafter for text workloads (the sim scenarios use the oracle).
     #[arg(long, default_value = "suffix")]
     pub drafter: String,
@@ -134,7 +134,10 @@ fn modes(a: &BenchArgs, drafter: &str) -> Vec<Mode> {
             args: vec![],
         });
     }
-    let auto = json!({"mode": "auto", "max_draft_tokens": a.auto_k, "drafter": drafter});
+    let mut auto = json!({"mode": "auto", "drafter": drafter});
+    if let Some(k) = a.auto_k {
+        auto["max_draft_tokens"] = json!(k);
+    }
     if a.with_watched {
         v.push(Mode {
             label: "watched".into(),
