@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::draft::model::{DraftDevice, DraftDtype};
-use crate::draft::DrafterKind;
+use crate::draft::DrafterChoice;
 use crate::speculation::controller::K_TRACKED;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -85,9 +85,10 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_SPECULATION", value_enum, default_value = "auto")]
     pub speculation: SpecMode,
 
-    /// Default drafter.
-    #[arg(long, env = "SPECD_DRAFTER", value_enum, default_value = "ngram")]
-    pub drafter: DrafterKind,
+    /// Default drafter: `ngram`, `suffix`, `model`, or `auto` (each round verifies the
+    /// proposal of whichever drafter is expected to yield the most tokens per second).
+    #[arg(long, env = "SPECD_DRAFTER", default_value = "ngram")]
+    pub drafter: DrafterChoice,
 
     /// Draft tokens per verify round in mode `on` (every round verifies that many).
     #[arg(long, env = "SPECD_MAX_DRAFT_TOKENS", default_value_t = 4, value_parser = draft_tokens)]

@@ -110,7 +110,7 @@ fn total(usages: &[Value], key: &str) -> u64 {
 async fn auto_and_suffix_are_lossless() {
     let up = upstream();
     let specd = Specd::start_ready(&up, &["--max-draft-tokens", "6"]).await;
-    for drafter in ["ngram", "suffix"] {
+    for drafter in ["ngram", "suffix", "auto"] {
         let u = assert_lossless(
             &specd,
             &up,
@@ -126,17 +126,22 @@ async fn auto_and_suffix_are_lossless() {
             total(&u, "switches")
         );
     }
-    let u = assert_lossless(
-        &specd,
-        &up,
-        json!({"mode": "on", "drafter": "suffix"}),
-        "on/suffix",
-    )
-    .await;
-    assert!(
-        total(&u, "accepted_tokens") > 0,
-        "suffix drafts were accepted on repetitive text"
-    );
+    for drafter in ["suffix", "auto"] {
+        let u = assert_lossless(
+            &specd,
+            &up,
+            json!({"mode": "on", "drafter": drafter}),
+            &format!("on/{drafter}"),
+        )
+        .await;
+        assert!(
+            total(&u, "accepted_tokens") > 0,
+            "{drafter} drafts were accepted on repetitive text"
+        );
+        assert!(u
+            .iter()
+            .all(|x| x.pointer("/speculation/drafter") == Some(&json!(drafter))));
+    }
     let m = specd.metrics().await;
     for name in [
         "specd_controller_decode_cost_seconds",

@@ -76,6 +76,108 @@ impl serde::Serialize for DrafterKind {
     }
 }
 
+/// What a request drafts with: one drafter, or `auto` — every drafter the server has
+/// (test drafters aside), the proposal expected to yield the most tokens per second
+/// verified each round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrafterChoice {
+    One(DrafterKind),
+    Auto,
+}
+
+impl DrafterChoice {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrafterChoice::One(k) => k.as_str(),
+            DrafterChoice::Auto => "auto",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        if s == "auto" {
+            return Some(DrafterChoice::Auto);
+        }
+        DrafterKind::parse(s).map(DrafterChoice::One)
+    }
+}
+
+impl std::str::FromStr for DrafterChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        DrafterChoice::parse(s.trim()).ok_or_else(|| {
+            let names: Vec<_> = DrafterKind::ALL.iter().map(|k| k.as_str()).collect();
+            format!("unknown drafter `{s}`; one of: auto, {}", names.join(", "))
+        })
+    }
+}
+
+impl std::fmt::Display for DrafterChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for DrafterChoice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// The drafters of one request, in a fixed order; more than one when it chose `auto`.
+#[derive(Clone)]
+pub struct DraftSet {
+    choice: DrafterChoice,
+    drafters: Vec<Arc<dyn Drafter>>,
+}
+
+impl DraftSet {
+    pub fn one(d: Arc<dyn Drafter>) -> Self {
+        DraftSet {
+            choice: DrafterChoice::One(d.kind()),
+            drafters: vec![d],
+        }
+    }
+
+    /// Several drafters, the proposal chosen per round (`auto`); `drafters` not empty.
+    pub fn choose_among(mut drafters: Vec<Arc<dyn Drafter>>) -> Self {
+        drafters.sort_by_key(|d| d.kind());
+        DraftSet {
+            choice: DrafterChoice::Auto,
+            drafters,
+        }
+    }
+
+    pub fn choice(&self) -> DrafterChoice {
+        self.choice
+    }
+
+    /// Every drafter of the set (never empty).
+    pub fn all(&self) -> &[Arc<dyn Drafter>] {
+        &self.drafters
+    }
+
+    pub fn first(&self) -> &Arc<dyn Drafter> {
+        &self.drafters[0]
+    }
+
+    pub fn get(&self, kind: DrafterKind) -> Option<&Arc<dyn Drafter>> {
+        self.drafters.iter().find(|d| d.kind() == kind)
+    }
+
+    /// New tokens were accepted: every drafter of the set follows the context.
+    pub fn observe(&self, stream: StreamId, context: &[u32], prompt_len: usize) {
+        for d in &self.drafters {
+            d.observe(stream, context, prompt_len);
+        }
+    }
+
+    pub fn finish(&self, stream: StreamId) {
+        for d in &self.drafters {
+            d.finish(stream);
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct DraftRequest {
     pub stream: StreamId,
@@ -140,32 +242,43 @@ impl Drafters {
         self.test_drafters = true;
     }
 
-    /// The drafter for one request: `name` (else `default`); the test drafters are made
-    /// from the request's expected tokens.
+    /// The drafters for one request: `name` (else `default`); `auto` is every drafter the
+    /// server has; the test drafters are made from the request's expected tokens.
     pub fn for_request(
         &self,
         name: Option<&str>,
-        default: DrafterKind,
+        default: DrafterChoice,
         oracle_tokens: Option<&[u32]>,
         vocab_size: usize,
-    ) -> Result<Arc<dyn Drafter>, ChooseError> {
+    ) -> Result<DraftSet, ChooseError> {
         let unknown = |name: &str| ChooseError::Unknown {
             name: name.to_string(),
             available: self.names().join(", "),
         };
-        let kind = match name {
-            Some(n) => DrafterKind::parse(n).ok_or_else(|| unknown(n))?,
+        let choice = match name {
+            Some(n) => DrafterChoice::parse(n).ok_or_else(|| unknown(n))?,
             None => default,
+        };
+        let kind = match choice {
+            DrafterChoice::One(kind) => kind,
+            DrafterChoice::Auto => {
+                if self.map.is_empty() {
+                    return Err(unknown("auto"));
+                }
+                return Ok(DraftSet::choose_among(self.map.values().cloned().collect()));
+            }
         };
         if kind.is_test_only() && self.test_drafters {
             let truth = oracle_tokens.ok_or(ChooseError::NoOracleTokens)?.to_vec();
-            return Ok(Arc::new(testing::ScriptedDrafter {
+            return Ok(DraftSet::one(Arc::new(testing::ScriptedDrafter {
                 truth,
                 adversarial: kind == DrafterKind::Adversarial,
                 vocab_size: u32::try_from(vocab_size).unwrap_or(u32::MAX),
-            }));
+            })));
         }
-        self.get(kind).ok_or_else(|| unknown(kind.as_str()))
+        self.get(kind)
+            .map(DraftSet::one)
+            .ok_or_else(|| unknown(kind.as_str()))
     }
 
     pub fn insert(&mut self, d: Arc<dyn Drafter>) {
@@ -174,9 +287,46 @@ impl Drafters {
     pub fn get(&self, kind: DrafterKind) -> Option<Arc<dyn Drafter>> {
         self.map.get(&kind).cloned()
     }
+    /// The names a request may choose (`auto` among them while any drafter exists).
     pub fn names(&self) -> Vec<&'static str> {
         let mut v: Vec<_> = self.map.keys().copied().collect();
         v.sort_unstable();
-        v.into_iter().map(DrafterKind::as_str).collect()
+        let auto = (!v.is_empty()).then_some(DrafterChoice::Auto.as_str());
+        v.into_iter().map(DrafterKind::as_str).chain(auto).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_drafts_with_every_drafter_the_server_has() {
+        let mut d = Drafters::default();
+        assert!(d
+            .for_request(Some("auto"), DrafterChoice::Auto, None, 64)
+            .is_err());
+        d.insert(Arc::new(suffix::SuffixDrafter::new(Default::default())));
+        d.insert(Arc::new(ngram::NgramDrafter::new(2, 8)));
+        d.enable_test_drafters();
+        let set = d
+            .for_request(
+                Some("auto"),
+                DrafterChoice::One(DrafterKind::Ngram),
+                None,
+                64,
+            )
+            .expect("auto");
+        let kinds: Vec<_> = set.all().iter().map(|x| x.kind()).collect();
+        assert_eq!(kinds, [DrafterKind::Ngram, DrafterKind::Suffix]);
+        assert_eq!(set.choice(), DrafterChoice::Auto);
+        let one = d
+            .for_request(None, DrafterChoice::One(DrafterKind::Suffix), None, 64)
+            .expect("default");
+        assert_eq!(one.all().len(), 1);
+        assert_eq!(one.choice().as_str(), "suffix");
+        assert_eq!(d.names(), ["ngram", "suffix", "auto"]);
+        assert_eq!("auto".parse::<DrafterChoice>(), Ok(DrafterChoice::Auto));
+        assert!("fast".parse::<DrafterChoice>().is_err());
     }
 }

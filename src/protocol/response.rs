@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::config::SpecMode;
-use crate::draft::DrafterKind;
+use crate::draft::DrafterChoice;
 
 /// A response or a streamed chunk: the envelope both endpoints share.
 #[derive(Debug, Serialize)]
@@ -128,7 +128,7 @@ pub struct NoDetails {
 #[derive(Debug, Clone, Serialize)]
 pub struct SpeculationUsage {
     pub mode: SpecMode,
-    pub drafter: DrafterKind,
+    pub drafter: DrafterChoice,
     pub rounds: u32,
     pub draft_tokens: u32,
     pub accepted_tokens: u32,

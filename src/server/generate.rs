@@ -193,7 +193,7 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
     limits::check_vocab(&prompt, &gen.stop_token_ids, tokenizer.vocab_size)?;
     let max_model_len = tokenized.max_model_len.unwrap_or(info.max_model_len).max(1);
     let max_tokens = limits::max_tokens(prompt.len(), gen.max_tokens, max_model_len)?;
-    let drafter = st
+    let drafters = st
         .drafters
         .for_request(
             gen.spec.drafter.as_deref(),
@@ -223,7 +223,7 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
     };
     let deps = SessionDeps {
         backend,
-        drafter,
+        drafters,
         tokenizer: tokenizer.clone(),
         metrics: st.metrics.clone(),
         controller: st.controller.clone(),

@@ -1,7 +1,7 @@
 //! The decision rule (module documentation of `controller`): what a speculating stream
 //! does with its next proposal, and whether a relaying stream leaves relay.
 
-use super::costs::{Best, Costs, STALE_TRUST};
+use super::costs::{expected_tokens, Best, Costs, STALE_TRUST};
 use super::{Controller, Decision, Relaying, StreamCtl};
 use crate::config::SpecMode;
 use crate::draft::{DrafterKind, Proposal};
@@ -57,7 +57,7 @@ impl Controller {
             spec,
             p: self
                 .acceptance
-                .per_position(&s.residual, drafter, &proposal.confidence),
+                .per_position(s.residual(drafter), drafter, &proposal.confidence),
             costs: self.costs.costs(load, spec, kp, now),
             t_draft: self.costs.draft_cost_per_round(drafter),
         }
@@ -100,7 +100,7 @@ impl Controller {
                     round_ms = b.time * 1e3,
                     dec_ms = dec * 1e3,
                     restart_ms = x.costs.restart.map(|r| r * 1e3),
-                    residual = s.residual.value(),
+                    residual = s.residual(drafter).value(),
                     p = ?x.p,
                     load = x.load,
                     others = x.others,
@@ -146,6 +146,20 @@ impl Controller {
             return Decision::Speculate(if other >= b.k { other + 1 } else { other });
         }
         Decision::Speculate(b.k)
+    }
+
+    /// What `proposal` is worth to this stream, to choose among drafters' proposals for
+    /// one round: the expected tokens per second of its best round (its drafter's cost and
+    /// acceptance), or, before any verify was timed, its expected tokens per round.
+    pub fn proposal_value(&self, s: &StreamCtl, drafter: DrafterKind, proposal: &Proposal) -> f64 {
+        if proposal.tokens.is_empty() {
+            return 0.0;
+        }
+        let x = self.inputs(s, drafter, proposal, false, false);
+        match x.costs.best(&x.p, x.t_draft, 1, x.others, x.spec) {
+            Some(b) => b.tokens / b.time,
+            None => expected_tokens(&x.p, x.p.len()),
+        }
     }
 
     /// Relaying: leave relay for a verify round of the returned K with this proposal?
@@ -206,7 +220,7 @@ impl Controller {
             round_ms = b.time * 1e3,
             dec_ms = dec * 1e3,
             switch_ms = switch_cost * 1e3,
-            residual = s.residual.value(),
+            residual = s.residual(drafter).value(),
             p = ?x.p,
             load = x.load,
             others = x.others,

@@ -159,7 +159,8 @@ impl Default for ControllerConfig {
 
 /// One stream's controller state (owned by its loop).
 pub struct StreamCtl {
-    residual: Residual,
+    /// Per drafter: a request drafting with several (`auto`) scores each of them.
+    residual: [Residual; DrafterKind::COUNT],
     /// Decisions in a row that found the current mode worse than the other one, without
     /// enough gain yet to pay for switching (see `horizon`).
     streak: u32,
@@ -171,11 +172,15 @@ pub struct StreamCtl {
 impl StreamCtl {
     pub fn new(may_relay: bool, seed: u64) -> Self {
         StreamCtl {
-            residual: Residual::default(),
+            residual: [Residual::default(); DrafterKind::COUNT],
             streak: 0,
             may_relay,
             rng: fastrand::Rng::with_seed(seed),
         }
+    }
+
+    fn residual(&self, drafter: DrafterKind) -> &Residual {
+        &self.residual[drafter.index()]
     }
 }
 
@@ -308,7 +313,8 @@ impl Controller {
         drafter: DrafterKind,
         conf: &[f32],
     ) -> Vec<f64> {
-        self.acceptance.per_position(&s.residual, drafter, conf)
+        self.acceptance
+            .per_position(s.residual(drafter), drafter, conf)
     }
 
     /// A watched `auto` request ended.
@@ -377,7 +383,7 @@ impl Controller {
         accepted: usize,
     ) {
         self.acceptance
-            .observe(&mut s.residual, drafter, conf, accepted);
+            .observe(&mut s.residual[drafter.index()], drafter, conf, accepted);
     }
 
     fn publish_speedup(&self, drafter: DrafterKind, speedup: f64) {

@@ -32,6 +32,9 @@ pub struct RelayTracker {
     since_draft: u32,
     /// The proposal being checked and how many of its tokens matched so far.
     shadow: Option<(Proposal, usize)>,
+    /// Other drafters' proposals for the same context (a request drafting with several),
+    /// checked alongside to keep their estimates current.
+    others: Vec<(DrafterKind, Proposal, usize)>,
     /// Counts the stream as relaying at the upstream while the segment lives.
     relaying: Relaying,
 }
@@ -58,12 +61,28 @@ impl RelayTracker {
             stride: ctl.shadow_stride(drafter),
             since_draft: 0,
             shadow: shadow.filter(|p| !p.tokens.is_empty()).map(|p| (p, 0)),
+            others: Vec::new(),
             relaying: ctl.relaying(),
         }
     }
 
     pub fn relayed(&self) -> u32 {
         self.relayed
+    }
+
+    /// The drafter whose proposals come next (a request drafting with several chooses
+    /// per proposal), and the other drafters' proposals for the same context.
+    pub fn drafted_by(&mut self, drafter: DrafterKind, others: Vec<(DrafterKind, Proposal)>) {
+        self.drafter = drafter;
+        // A fresh proposal of a drafter replaces the one of it still being checked.
+        self.others
+            .retain(|(d, ..)| *d != drafter && others.iter().all(|(o, _)| o != d));
+        self.others.extend(
+            others
+                .into_iter()
+                .filter(|(_, p)| !p.tokens.is_empty())
+                .map(|(d, p)| (d, p, 0)),
+        );
     }
 
     /// A token arrived at `now`: feed the decode-cost estimates. Gaps that overlapped a
@@ -105,6 +124,17 @@ impl RelayTracker {
     /// The arrived token was `id` (and emitted): check the shadow proposal against it.
     /// True when the stream should draft a fresh proposal now.
     pub fn check(&mut self, ctl: &Controller, s: &mut StreamCtl, id: u32) -> bool {
+        self.others.retain_mut(|(d, p, matched)| {
+            let same = p.tokens.get(*matched) == Some(&id);
+            if same {
+                *matched += 1;
+            }
+            let resolved = !same || *matched == p.tokens.len();
+            if resolved {
+                ctl.observe_acceptance(s, *d, &p.confidence, *matched);
+            }
+            !resolved
+        });
         if let Some((p, matched)) = &mut self.shadow {
             let same = p.tokens.get(*matched) == Some(&id);
             if same {

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 
 use super::*;
 use crate::config::SpecMode;
-use crate::draft::DrafterKind;
+use crate::draft::{DrafterChoice, DrafterKind};
 use crate::speculation::generation::FinishReason;
 
 fn shape(endpoint: Endpoint, want_logprobs: bool) -> Shape {
@@ -38,7 +38,7 @@ fn stats() -> Stats {
         accepted_tokens: 1,
         relay_tokens: 0,
         switches: 0,
-        drafter: DrafterKind::Ngram,
+        drafter: DrafterChoice::One(DrafterKind::Ngram),
         mode: SpecMode::On,
     }
 }

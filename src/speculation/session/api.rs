@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::config::SpecMode;
-use crate::draft::{Drafter, DrafterKind, StreamId};
+use crate::draft::{DraftSet, DrafterChoice, StreamId};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::speculation::controller::Controller;
@@ -37,12 +37,12 @@ pub struct Stats {
     pub accepted_tokens: u32,
     pub relay_tokens: u32,
     pub switches: u32,
-    pub drafter: DrafterKind,
+    pub drafter: DrafterChoice,
     pub mode: SpecMode,
 }
 
 impl Stats {
-    pub(super) fn new(prompt_tokens: u32, drafter: DrafterKind, mode: SpecMode) -> Self {
+    pub(super) fn new(prompt_tokens: u32, drafter: DrafterChoice, mode: SpecMode) -> Self {
         Stats {
             prompt_tokens,
             completion_tokens: 0,
@@ -78,7 +78,7 @@ pub struct SessionParams {
 
 pub struct SessionDeps {
     pub backend: Arc<dyn Backend>,
-    pub drafter: Arc<dyn Drafter>,
+    pub drafters: DraftSet,
     pub tokenizer: Arc<ModelTokenizer>,
     pub metrics: Arc<Metrics>,
     pub controller: Arc<Controller>,

@@ -2,12 +2,14 @@
 //! its statistics, the controller's per-stream state — and the steps both share: drafting,
 //! emitting tokens to the client, the draft cap.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::sync::mpsc;
 
 use super::api::{Event, SessionDeps, SessionParams, Stats};
-use crate::draft::{DraftError, DraftRequest, DrafterKind, Proposal};
+use crate::draft::{DraftError, DraftRequest, Drafter, DrafterKind, Proposal};
 use crate::error::ApiError;
 use crate::speculation::controller::StreamCtl;
 use crate::speculation::generation::{Finish, Generation};
@@ -19,7 +21,11 @@ pub(super) struct Driver<'a> {
     tx: &'a mpsc::Sender<Event>,
     pub(super) ctx: Vec<u32>,
     pub(super) stats: Stats,
+    /// The drafter of the current proposal.
     pub(super) drafter: DrafterKind,
+    /// The other drafters' proposals for the same context (a request drafting with
+    /// several): scored against the tokens that follow, never verified.
+    pub(super) alternatives: Vec<(DrafterKind, Proposal)>,
     /// Time spent waiting on the upstream and the drafter (excluded from proxy overhead).
     pub(super) outside: Duration,
     pub(super) ctl: StreamCtl,
@@ -38,7 +44,7 @@ impl<'a> Driver<'a> {
         d: &'a SessionDeps,
         tx: &'a mpsc::Sender<Event>,
     ) -> Self {
-        let drafter = d.drafter.kind();
+        let drafter = d.drafters.first().kind();
         // A relay segment draws many positions from one random stream, so where it starts
         // would change a seeded sampled output: such requests never relay on the
         // controller's say (forced switching keeps fixed boundaries and stays reproducible).
@@ -48,8 +54,9 @@ impl<'a> Driver<'a> {
             d,
             tx,
             ctx: p.prompt.clone(),
-            stats: Stats::new(p.prompt.len() as u32, drafter, p.mode),
+            stats: Stats::new(p.prompt.len() as u32, d.drafters.choice(), p.mode),
             drafter,
+            alternatives: Vec::new(),
             outside: Duration::ZERO,
             ctl: StreamCtl::new(may_relay, p.stream),
         }
@@ -85,29 +92,87 @@ impl<'a> Driver<'a> {
         }
     }
 
+    /// A proposal for the context. With several drafters, all of them draft and the
+    /// proposal the controller values most is kept; the others become `alternatives`.
     pub(super) async fn propose(&mut self, max_k: usize) -> Proposal {
+        self.alternatives.clear();
         if max_k == 0 {
             return Proposal::default();
         }
         let t = self.d.controller.now();
-        let r = self
-            .d
-            .drafter
-            .propose(self.draft_request(self.ctx.clone(), max_k))
-            .await;
-        let dt = self.d.controller.now().saturating_duration_since(t);
-        self.outside += dt;
-        self.draft_done(dt);
+        let req = self.draft_request(self.ctx.clone(), max_k);
+        let deps = self.d;
+        let set = deps.drafters.all();
+        let drafted = join_all(set.iter().map(|d| self.draft_with(d, req.clone()))).await;
+        self.outside += self.d.controller.now().saturating_duration_since(t);
+        let mut all: Vec<_> = set.iter().map(|d| d.kind()).zip(drafted).collect();
+        if all.len() == 1 {
+            let (kind, proposal) = all.swap_remove(0);
+            self.drafter = kind;
+            return proposal;
+        }
+        let best = all
+            .iter()
+            .map(|(k, p)| self.d.controller.proposal_value(&self.ctl, *k, p))
+            .enumerate()
+            .fold((0, f64::MIN), |b, (i, v)| if v > b.1 { (i, v) } else { b })
+            .0;
+        let (kind, proposal) = all.swap_remove(best);
+        self.drafter = kind;
+        all.retain(|(_, p)| !p.tokens.is_empty());
+        self.alternatives = all;
+        proposal
+    }
+
+    /// The drafter of the current proposal.
+    pub(super) fn chosen(&self) -> &'a Arc<dyn Drafter> {
+        let deps = self.d;
+        deps.drafters
+            .get(self.drafter)
+            .unwrap_or_else(|| deps.drafters.first())
+    }
+
+    async fn draft_with(&self, d: &Arc<dyn Drafter>, req: DraftRequest) -> Proposal {
+        let max_k = req.max_k;
+        let t = self.d.controller.now();
+        let r = d.propose(req).await;
+        self.draft_done(
+            d.kind(),
+            self.d.controller.now().saturating_duration_since(t),
+        );
         usable(r, max_k)
     }
 
-    pub(super) fn draft_done(&self, dt: Duration) {
+    pub(super) fn draft_done(&self, drafter: DrafterKind, dt: Duration) {
         self.d
             .metrics
             .draft_duration
-            .with_label_values(&[self.drafter.as_str()])
+            .with_label_values(&[drafter.as_str()])
             .observe(dt.as_secs_f64());
-        self.d.controller.record_draft(self.drafter, dt);
+        self.d.controller.record_draft(drafter, dt);
+    }
+
+    /// The alternatives against the tokens emitted after their context: each drafter's
+    /// estimates learn what its proposal would have had accepted.
+    pub(super) fn score_alternatives(&mut self, emitted: &[u32]) {
+        for (kind, p) in std::mem::take(&mut self.alternatives) {
+            let matched = p
+                .tokens
+                .iter()
+                .zip(emitted)
+                .take_while(|(a, b)| a == b)
+                .count();
+            // Past the emitted tokens nothing is known: a longer proposal that matched all
+            // of them counts as a proposal of that many, all accepted.
+            let conf = if matched == emitted.len() {
+                &p.confidence[..matched.min(p.confidence.len())]
+            } else {
+                &p.confidence[..]
+            };
+            self.d
+                .controller
+                .observe_acceptance(&mut self.ctl, kind, conf, matched);
+        }
     }
 
     /// Emit samples through the generation state; returns a finish when one hits.
@@ -135,7 +200,7 @@ impl<'a> Driver<'a> {
             gen.restore(text, tokens);
         }
         self.d
-            .drafter
+            .drafters
             .observe(self.p.stream, &self.ctx, self.p.prompt.len());
         Ok(finish)
     }

@@ -38,14 +38,14 @@ use crate::tokens::Detokenizer;
 pub fn spawn(p: SessionParams, d: SessionDeps) -> mpsc::Receiver<Event> {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
-        let drafter = d.drafter.clone();
+        let drafters = d.drafters.clone();
         let stream = p.stream;
         let closed = tx.clone();
         tokio::select! {
             _ = run(p, d, tx) => {}
             _ = closed.closed() => {}
         }
-        drafter.finish(stream);
+        drafters.finish(stream);
     });
     rx
 }

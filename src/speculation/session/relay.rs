@@ -38,6 +38,7 @@ pub(super) async fn relay(
     let ctl = l.d.controller.clone();
     let start = ctl.now();
     let mut tracker = RelayTracker::new(&ctl, l.drafter, plan.probe, plan.shadow, start);
+    tracker.drafted_by(l.drafter, std::mem::take(&mut l.alternatives));
     let mut stream =
         l.d.backend
             .relay(RelayRequest {
@@ -84,6 +85,7 @@ pub(super) async fn relay(
             continue;
         }
         let p = l.propose(l.k_cap(gen)).await;
+        tracker.drafted_by(l.drafter, std::mem::take(&mut l.alternatives));
         let remaining = gen.remaining() as usize;
         if let Some(p) = tracker.proposed(&ctl, &mut l.ctl, p, remaining) {
             break Ok(RelayEnd::Resume(Some(p)));

@@ -97,6 +97,10 @@ pub(super) async fn speculate(
         l.d.controller
             .observe_acceptance(&mut l.ctl, l.drafter, &proposal.confidence, n);
     }
+    if !l.alternatives.is_empty() {
+        let ids: Vec<u32> = v.samples.iter().take(n + 1).map(|s| s.id).collect();
+        l.score_alternatives(&ids);
+    }
     let next = overlap_outcome(l, v.pre, k, n, v.samples[k].id);
     let before = gen.generated;
     let emitted: Vec<Sample> = v.samples.into_iter().take(n + 1).collect();
@@ -136,7 +140,7 @@ fn decide(
 async fn verify(l: &mut Driver<'_>, drafts: &[u32]) -> Result<Verified, ApiError> {
     let k = drafts.len();
     let spec = l.d.controller.speculating();
-    let overlap = k > 0 && l.d.drafter.wants_overlap();
+    let overlap = k > 0 && l.chosen().wants_overlap();
     let t = l.d.controller.now();
     let in_flight = l.d.controller.verifying(k + 1);
     let (res, pre) = verify_overlapped(l, drafts, overlap).await;
@@ -183,7 +187,7 @@ async fn verify_overlapped(
     let mut next_ctx = l.ctx.clone();
     next_ctx.extend_from_slice(drafts);
     let req = l.draft_request(next_ctx, l.p.k_max);
-    let (drafter, ctl) = (&l.d.drafter, &l.d.controller);
+    let (drafter, ctl) = (l.chosen(), &l.d.controller);
     let pre = async move {
         let t = ctl.now();
         let r = drafter.propose(req).await;
@@ -208,7 +212,7 @@ async fn verify_overlapped(
         Some(d) => d,
         None => pre.await,
     };
-    l.draft_done(dt);
+    l.draft_done(l.drafter, dt);
     (res, Some(usable(r, l.p.k_max)))
 }
 
@@ -221,7 +225,7 @@ fn overlap_outcome(
     accepted: usize,
     bonus: u32,
 ) -> Option<Proposal> {
-    if k == 0 || !l.d.drafter.wants_overlap() {
+    if k == 0 || !l.chosen().wants_overlap() {
         return None;
     }
     let next = pre.filter(|p| accepted == k && p.tokens.first() == Some(&bonus));

@@ -13,7 +13,7 @@ use super::*;
 use std::sync::Arc;
 
 use crate::draft::{DraftError, DrafterKind};
-use crate::draft::{DraftRequest, Drafter};
+use crate::draft::{DraftRequest, DraftSet, Drafter};
 use crate::metrics::Metrics;
 use crate::speculation::controller::Controller;
 use crate::tokens::ModelTokenizer;
@@ -77,13 +77,14 @@ impl Backend for Mock {
 
 /// Proposes the true continuation, each absolute position kept with probability `keep`.
 struct Truthful {
+    kind: DrafterKind,
     keep: f64,
     overlap: bool,
 }
 
 impl Drafter for Truthful {
     fn kind(&self) -> DrafterKind {
-        DrafterKind::Oracle
+        self.kind
     }
     fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>> {
         let truth = continuation(&req.context, req.max_k, VOCAB);
@@ -134,6 +135,9 @@ struct Setup {
     sampling: Sampling,
     controller: Arc<Controller>,
     max_tokens: u32,
+    /// A second drafter (kind `ngram`) keeping positions with this probability: the
+    /// request drafts with both and each round verifies the one valued more.
+    rival: Option<f64>,
 }
 
 impl Default for Setup {
@@ -149,6 +153,7 @@ impl Default for Setup {
             },
             controller: Arc::new(Controller::default()),
             max_tokens: 60,
+            rival: None,
         }
     }
 }
@@ -178,12 +183,25 @@ async fn run_session(s: Setup) -> Run {
         k_max: 4,
         switch_every: s.switch_every,
     };
+    let oracle: Arc<dyn Drafter> = Arc::new(Truthful {
+        kind: DrafterKind::Oracle,
+        keep: s.keep,
+        overlap: s.overlap,
+    });
+    let drafters = match s.rival {
+        None => DraftSet::one(oracle),
+        Some(keep) => {
+            let rival: Arc<dyn Drafter> = Arc::new(Truthful {
+                kind: DrafterKind::Ngram,
+                keep,
+                overlap: false,
+            });
+            DraftSet::choose_among(vec![rival, oracle])
+        }
+    };
     let deps = SessionDeps {
         backend: backend.clone(),
-        drafter: Arc::new(Truthful {
-            keep: s.keep,
-            overlap: s.overlap,
-        }),
+        drafters,
         tokenizer: tokenizer(),
         metrics: metrics.clone(),
         controller: s.controller,
@@ -316,4 +334,60 @@ async fn seeded_sampling_never_relays_on_the_controllers_say() {
     })
     .await;
     assert!(r.stats.relay_tokens > 0, "{:?}", r.stats);
+}
+
+#[tokio::test]
+async fn drafting_with_several_verifies_the_better_proposal() {
+    let accepted =
+        |m: &Metrics, d: DrafterKind| m.num_accepted_tokens.with_label_values(&[d.as_str()]).get();
+    let drafts =
+        |m: &Metrics, d: DrafterKind| m.num_draft_tokens.with_label_values(&[d.as_str()]).get();
+    // Either order of quality: the bad drafter's proposals are soon no longer verified.
+    for (oracle, rival) in [(1.0, 0.0), (0.0, 1.0)] {
+        let r = run_session(Setup {
+            mode: SpecMode::On,
+            keep: oracle,
+            rival: Some(rival),
+            max_tokens: 120,
+            ..Setup::default()
+        })
+        .await;
+        assert_eq!(r.tokens, truth(120), "oracle {oracle}, rival {rival}");
+        assert_eq!(r.stats.drafter.as_str(), "auto");
+        let (good, bad) = if oracle > rival {
+            (DrafterKind::Oracle, DrafterKind::Ngram)
+        } else {
+            (DrafterKind::Ngram, DrafterKind::Oracle)
+        };
+        let m = &r.metrics;
+        assert!(
+            drafts(m, good) > 4 * drafts(m, bad),
+            "good {good} verified {} drafts, bad {bad} {}",
+            drafts(m, good),
+            drafts(m, bad)
+        );
+        assert!(accepted(m, good) >= 80, "{:?}", r.stats);
+        assert_eq!(accepted(m, bad), 0);
+    }
+}
+
+#[tokio::test]
+async fn auto_with_several_drafters_is_exact() {
+    let controller = Arc::new(Controller::default());
+    for (keep, rival) in [(0.0, 0.0), (0.3, 0.8), (1.0, 0.2), (0.0, 1.0)] {
+        let r = run_session(Setup {
+            keep,
+            rival: Some(rival),
+            controller: controller.clone(),
+            ..Setup::default()
+        })
+        .await;
+        assert_eq!(r.tokens, truth(60), "keep {keep}, rival {rival}");
+        assert_eq!(
+            r.stats.completion_tokens,
+            r.stats.relay_tokens + r.stats.rounds + r.stats.accepted_tokens,
+            "{:?}",
+            r.stats
+        );
+    }
 }
