@@ -236,6 +236,8 @@ def main() -> int:
                     default=os.environ.get("SPECD_TRAINED_MODELS", "") not in ("", "0"),
                     help="build the trained pair (target-trained, draft-trained) instead "
                          "of random weights (also SPECD_TRAINED_MODELS=1)")
+    ap.add_argument("--agent", action="store_true",
+                    help="build the reasoning-format test model `agent` (train_agent.py)")
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
     args = ap.parse_args()
 
@@ -249,7 +251,13 @@ def main() -> int:
                                                 or name == "tokenizer"):
                     shutil.rmtree(root / name)
         tok_dir = ensure_tokenizer(root)
-        if args.trained:
+        if args.agent:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import train_agent
+
+            train_agent.ensure_agent(root, tok_dir)
+            names = [train_agent.NAME]
+        elif args.trained:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             import train_models
 

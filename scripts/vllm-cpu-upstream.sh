@@ -105,6 +105,9 @@ ensure_model() {
     # Trained models are rebuilt when their recipe changes, which make_models.py checks.
     if [[ $MODEL == *-trained ]]; then
         args+=(--trained)
+    elif [[ $MODEL == agent ]]; then
+        # The reasoning-format model (scripts/train_agent.py, ~1.5 min on one core).
+        args+=(--agent)
     elif [[ -f $MODELS/$MODEL/.specd-complete ]]; then
         return 0
     fi

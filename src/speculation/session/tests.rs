@@ -177,6 +177,7 @@ async fn run_session(s: Setup) -> Run {
         mode: s.mode,
         k_max: 4,
         switch_every: s.switch_every,
+        reasoning: None,
     };
     let deps = SessionDeps {
         backend: backend.clone(),
