@@ -190,7 +190,9 @@ fn stream_response(
                     !p.reasoning.is_empty() || !p.content.is_empty()
                 });
                 if visible || lp.is_some() {
-                    let chunk = s.shape.chunk(&text, split.as_ref(), lp, None, s.first_chunk);
+                    let chunk = s
+                        .shape
+                        .chunk(&text, split.as_ref(), lp, None, s.first_chunk);
                     out.extend_from_slice(&sse(&chunk));
                     s.first_chunk = false;
                 }

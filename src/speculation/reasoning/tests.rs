@@ -70,11 +70,20 @@ fn streamed_steps_follow_token_ids() {
     assert_eq!(s.reasoning, "59 plus\n");
     assert_eq!(s.content, "\n\nThe");
     // A lone start marker emits nothing and reasoning goes on.
-    let s = stream(&[0], &[(START, "<think>"), (1, "a"), (END, "</think>"), (2, "b")]);
+    let s = stream(
+        &[0],
+        &[(START, "<think>"), (1, "a"), (END, "</think>"), (2, "b")],
+    );
     assert_eq!((s.reasoning.as_str(), s.content.as_str()), ("a", "b"));
     // After the end, markers are plain content (vLLM no longer runs the parser).
-    let s = stream(&[0], &[(END, "</think>"), (START, "<think>"), (END, "</think>")]);
-    assert_eq!((s.reasoning.as_str(), s.content.as_str()), ("", "<think></think>"));
+    let s = stream(
+        &[0],
+        &[(END, "</think>"), (START, "<think>"), (END, "</think>")],
+    );
+    assert_eq!(
+        (s.reasoning.as_str(), s.content.as_str()),
+        ("", "<think></think>")
+    );
     // Text that merely reads "</think>" is not the end token.
     let s = stream(&[0], &[(1, "</"), (2, "think>"), (3, "x")]);
     assert_eq!(s.reasoning, "</think>x");
@@ -83,10 +92,19 @@ fn streamed_steps_follow_token_ids() {
 #[test]
 fn the_prompt_decides_whether_reasoning_is_open() {
     // Closed by the prompt's last marker: everything is content.
-    let s = stream(&[START, 7, END, 8], &[(1, "a"), (END, "</think>"), (2, "b")]);
-    assert_eq!((s.reasoning.as_str(), s.content.as_str()), ("", "a</think>b"));
+    let s = stream(
+        &[START, 7, END, 8],
+        &[(1, "a"), (END, "</think>"), (2, "b")],
+    );
+    assert_eq!(
+        (s.reasoning.as_str(), s.content.as_str()),
+        ("", "a</think>b")
+    );
     // Reopened after an earlier block, or no marker at all: open.
-    let s = stream(&[START, END, START], &[(1, "a"), (END, "</think>"), (2, "b")]);
+    let s = stream(
+        &[START, END, START],
+        &[(1, "a"), (END, "</think>"), (2, "b")],
+    );
     assert_eq!((s.reasoning.as_str(), s.content.as_str()), ("a", "b"));
     let s = stream(&[5, 6], &[(1, "a")]);
     assert_eq!(s.reasoning, "a");
@@ -99,7 +117,10 @@ fn reasoning_tokens_count_inside_markers_only() {
     // (measured: reasoning_tokens 0 for such answers).
     assert_eq!(r.reasoning_tokens([1, 2, END, 3]), 0);
     assert_eq!(r.reasoning_tokens([START, 1, 2, END, 3]), 2);
-    assert_eq!(r.reasoning_tokens([END, START, 1, START, 2, END, 3, END, 4]), 3);
+    assert_eq!(
+        r.reasoning_tokens([END, START, 1, START, 2, END, 3, END, 4]),
+        3
+    );
 }
 
 #[test]
