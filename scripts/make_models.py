@@ -7,6 +7,7 @@ tokenizer is trained on the Python standard library that ships with the interpre
 
     python scripts/make_models.py            # random-weight target/ and draft/
     python scripts/make_models.py --trained  # trained target-trained/ and draft-trained/
+    python scripts/make_models.py --agent    # agent/: <think> tokens, for reasoning parsers
 
 Models land in ${SPECD_MODELS_DIR:-~/.cache/specd/models}/<name>/, each with
 config.json, generation_config.json, model.safetensors, tokenizer.json and
