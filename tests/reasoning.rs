@@ -245,6 +245,12 @@ async fn unimplemented_parsers_and_hidden_reasoning_pass_through() {
                       "temperature": 0, "speculation": {"mode": "on"}});
     // A name specd does not implement: chat passes through, untouched.
     let specd = Specd::start_ready(&up, &["--reasoning-parser", "kimi_k2"]).await;
+    // The series exists from start (the dashboard reads every reason).
+    let m = specd.metrics().await;
+    assert_eq!(
+        metric_value(&m, "specd_passthrough_total{reason=\"parser\"}"),
+        Some(0.0)
+    );
     let (_, via) = post(&specd.url, "/v1/chat/completions", &body).await;
     let mut direct_body = body.clone();
     direct_body.as_object_mut().map(|o| o.remove("speculation"));
