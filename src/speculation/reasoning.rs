@@ -46,12 +46,6 @@ impl Reasoning {
     /// The parser for this tokenizer; `None` when specd cannot reproduce it with this
     /// model (vLLM itself refuses to start without the think tokens).
     pub fn resolve(parser: ReasoningParser, tok: &ModelTokenizer) -> Option<Self> {
-        // Qwen3's parser in vLLM 0.32 is a grammar engine (tool-call markers end
-        // reasoning, `enable_thinking` changes the start state) whose streamed output
-        // specd has not been checked against: its chat answers pass through.
-        if parser != ReasoningParser::DeepseekR1 {
-            return None;
-        }
         Some(Reasoning {
             parser,
             start_id: tok.token_id(THINK_START)?,
