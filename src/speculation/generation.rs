@@ -179,10 +179,10 @@ impl<'t> Generation<'t> {
         Piece {
             text: std::mem::take(&mut self.text),
             tokens: std::mem::take(&mut self.tokens),
-            split: self
-                .reasoning
-                .as_mut()
-                .map(|(_, split)| std::mem::take(split)),
+            split: self.reasoning.as_mut().map(|(splitter, split)| Split {
+                closed: splitter.is_closed(),
+                ..std::mem::take(split)
+            }),
         }
     }
 

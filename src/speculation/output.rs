@@ -187,7 +187,7 @@ impl Shape {
                 "chat.completion.chunk",
                 vec![ChatChunkChoice {
                     index: 0,
-                    delta: delta(text, split, first),
+                    delta: delta(text, split, first, finish.is_some()),
                     logprobs,
                     finished,
                 }],
@@ -265,7 +265,9 @@ impl Shape {
 }
 
 /// A chat delta: all `text` as content, or (with a parser) the parts this chunk adds.
-fn delta<'a>(text: &'a str, split: Option<&'a Split>, first: bool) -> Delta<'a> {
+/// A last chunk that adds nothing names the side it ends on with "" (vLLM's last step,
+/// the unrendered EOS, is an empty delta of that side).
+fn delta<'a>(text: &'a str, split: Option<&'a Split>, first: bool, last: bool) -> Delta<'a> {
     let role = first.then_some("assistant");
     let Some(s) = split else {
         return Delta {
@@ -275,10 +277,18 @@ fn delta<'a>(text: &'a str, split: Option<&'a Split>, first: bool) -> Delta<'a> 
         };
     };
     let some = |t: &'a String| (!t.is_empty()).then_some(t.as_str());
+    let (mut content, mut reasoning) = (some(&s.content), some(&s.reasoning));
+    if last && content.is_none() && reasoning.is_none() {
+        if s.closed {
+            content = Some("");
+        } else {
+            reasoning = Some("");
+        }
+    }
     Delta {
         role,
-        content: some(&s.content),
-        reasoning: some(&s.reasoning),
+        content,
+        reasoning,
     }
 }
 

@@ -33,12 +33,16 @@ pub struct Reasoning {
 pub struct Split {
     pub reasoning: String,
     pub content: String,
+    /// Reasoning was closed when this piece was taken (an empty last delta is then
+    /// `content`).
+    pub closed: bool,
 }
 
 impl Split {
     pub fn append(&mut self, other: Split) {
         self.reasoning.push_str(&other.reasoning);
         self.content.push_str(&other.content);
+        self.closed = other.closed;
     }
 }
 
@@ -125,6 +129,11 @@ impl StreamSplit {
         } else if id != self.r.start_id {
             out.reasoning.push_str(text);
         }
+    }
+
+    /// Whether reasoning has been closed: the rest of the answer is content.
+    pub fn is_closed(&self) -> bool {
+        self.ended
     }
 
     /// Text released without a token (held back, flushed at the end): where it stands.

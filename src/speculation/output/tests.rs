@@ -159,12 +159,22 @@ fn reasoning_fields_as_vllm_writes_them() {
         full["usage"]["completion_tokens_details"],
         json!({"reasoning_tokens": 0})
     );
-    let split = Split {
+    let mut split = Split {
         reasoning: "r".into(),
         content: String::new(),
+        closed: false,
     };
     let chunk = to_value(&s.chunk("r", Some(&split), None, None, false));
     assert_eq!(chunk["choices"][0]["delta"], json!({"reasoning": "r"}));
+    // A last chunk with nothing to add (the EOS step) is an empty delta of its side.
+    split.reasoning.clear();
+    let last = |split: &Split| {
+        to_value(&s.chunk("", Some(split), None, Some(&finish), false))["choices"][0]["delta"]
+            .clone()
+    };
+    assert_eq!(last(&split), json!({"reasoning": ""}));
+    split.closed = true;
+    assert_eq!(last(&split), json!({"content": ""}));
     let usage = to_value(&s.usage_chunk(&stats(), Some(2)));
     assert_eq!(
         usage["usage"]["completion_tokens_details"],
