@@ -85,9 +85,11 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
         return pass(reason, gen);
     }
-    // Plain completions are never parsed by vLLM, whatever its parsers.
+    // Plain completions are never parsed by vLLM, whatever its parsers. The split is
+    // vLLM's: SGLang's parsers (and field names) are not reproduced.
     let reasoning = match c.reasoning.filter(|_| chat) {
         None => None,
+        Some(_) if backend.kind() != "vllm" => return pass(Reason::Parser, gen),
         Some(arg) => match reasoning_for(arg, &tokenizer, &gen) {
             Some(r) => Some(r),
             None => return pass(Reason::Parser, gen),
