@@ -246,7 +246,11 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if args.force:
+        if args.force and args.agent:
+            # Only the agent model: the others do not depend on it.
+            if (root / "agent").exists():
+                shutil.rmtree(root / "agent")
+        elif args.force:
             for name in ("tokenizer", "target", "draft", "target-trained", "draft-trained"):
                 if (root / name).exists() and (args.trained == name.endswith("-trained")
                                                 or name == "tokenizer"):
