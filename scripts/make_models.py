@@ -7,6 +7,7 @@ tokenizer is trained on the Python standard library that ships with the interpre
 
     python scripts/make_models.py            # random-weight target/ and draft/
     python scripts/make_models.py --trained  # trained target-trained/ and draft-trained/
+    python scripts/make_models.py --agent    # agent/: <think> tokens, for reasoning parsers
 
 Models land in ${SPECD_MODELS_DIR:-~/.cache/specd/models}/<name>/, each with
 config.json, generation_config.json, model.safetensors, tokenizer.json and
@@ -236,6 +237,8 @@ def main() -> int:
                     default=os.environ.get("SPECD_TRAINED_MODELS", "") not in ("", "0"),
                     help="build the trained pair (target-trained, draft-trained) instead "
                          "of random weights (also SPECD_TRAINED_MODELS=1)")
+    ap.add_argument("--agent", action="store_true",
+                    help="build the reasoning-format test model `agent` (train_agent.py)")
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
     args = ap.parse_args()
 
@@ -243,13 +246,23 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if args.force:
+        if args.force and args.agent:
+            # Only the agent model: the others do not depend on it.
+            if (root / "agent").exists():
+                shutil.rmtree(root / "agent")
+        elif args.force:
             for name in ("tokenizer", "target", "draft", "target-trained", "draft-trained"):
                 if (root / name).exists() and (args.trained == name.endswith("-trained")
                                                 or name == "tokenizer"):
                     shutil.rmtree(root / name)
         tok_dir = ensure_tokenizer(root)
-        if args.trained:
+        if args.agent:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import train_agent
+
+            train_agent.ensure_agent(root, tok_dir)
+            names = [train_agent.NAME]
+        elif args.trained:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             import train_models
 

@@ -36,6 +36,9 @@ cleanup() {
   bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   # The SGLang tests start their upstream on first use (scripts/sglang-cpu-upstream.sh).
   bash "$ROOT/scripts/sglang-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  # So do the reasoning tests theirs (tests/common: reasoning_upstream).
+  SPECD_VLLM_MODEL=agent SPECD_VLLM_SERVED_NAME=specd-agent-deepseek_r1 \
+    bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }
 if [ -z "${SPECD_KEEP_UPSTREAM:-}" ]; then trap cleanup EXIT; fi
 echo "upstream: $UPSTREAM" >&2
@@ -43,6 +46,9 @@ echo "upstream: $UPSTREAM" >&2
 step "trained model pair (scripts/train_models.py; ~16 min the first time, then cached)"
 SPECD_VLLM_MODEL=target-trained bash scripts/vllm-cpu-upstream.sh install >&2
 export SPECD_REQUIRE_TRAINED=1
+
+step "reasoning-format model (scripts/train_agent.py; ~1.5 min the first time, then cached)"
+SPECD_VLLM_MODEL=agent bash scripts/vllm-cpu-upstream.sh install >&2
 
 step "Rust tests (unit + integration against the real vLLM)"
 # The draft-model test compares with transformers from the vLLM venv: never skip it here.

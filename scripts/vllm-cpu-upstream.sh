@@ -15,7 +15,8 @@
 #   SPECD_CACHE_DIR          cache root (default ~/.cache/specd)
 #   SPECD_MODELS_DIR         model folder (default $SPECD_CACHE_DIR/models)
 #   SPECD_VLLM_VENV          venv path (default $SPECD_CACHE_DIR/vllm-venv)
-#   SPECD_VLLM_MODEL         model folder name under the models dir (default target)
+#   SPECD_VLLM_MODEL         model folder name under the models dir (default target;
+#                            *-trained: the trained pair; agent: the reasoning-format model)
 #   SPECD_VLLM_SERVED_NAME   served model name (default specd-$SPECD_VLLM_MODEL)
 #   SPECD_VLLM_START_TIMEOUT seconds to wait for /health (default 400)
 #   SPECD_VLLM_EXTRA_ARGS    extra arguments for the API server (word-split)
@@ -105,6 +106,9 @@ ensure_model() {
     # Trained models are rebuilt when their recipe changes, which make_models.py checks.
     if [[ $MODEL == *-trained ]]; then
         args+=(--trained)
+    elif [[ $MODEL == agent ]]; then
+        # The reasoning-format model (scripts/train_agent.py, ~1.5 min on one core).
+        args+=(--agent)
     elif [[ -f $MODELS/$MODEL/.specd-complete ]]; then
         return 0
     fi

@@ -53,10 +53,13 @@ pub enum PassthroughReason {
     Lora,
     /// SGLang started with a reasoning or tool-call parser.
     ChatParsers,
+    /// vLLM's `--reasoning-parser` (as `--reasoning-parser` tells specd) is one specd does
+    /// not reproduce for this request.
+    Parser,
 }
 
 impl PassthroughReason {
-    pub const ALL: [PassthroughReason; 19] = [
+    pub const ALL: [PassthroughReason; 20] = [
         PassthroughReason::Disabled,
         PassthroughReason::NotPaying,
         PassthroughReason::UpstreamNotReady,
@@ -76,6 +79,7 @@ impl PassthroughReason {
         PassthroughReason::UnsupportedParam,
         PassthroughReason::Lora,
         PassthroughReason::ChatParsers,
+        PassthroughReason::Parser,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -98,6 +102,7 @@ impl PassthroughReason {
             PassthroughReason::UnsupportedParam => "unsupported_param",
             PassthroughReason::Lora => "lora",
             PassthroughReason::ChatParsers => "chat_parsers",
+            PassthroughReason::Parser => "parser",
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The response bodies specd writes for speculated requests, shaped as vLLM writes them:
 //! whole responses, streamed chunks and the final usage chunk, for completions and chat.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -48,12 +50,17 @@ pub struct ChatChunkChoice<'a> {
     pub finished: Finished,
 }
 
+/// A chat chunk's delta. Without a reasoning parser it always has `content`; with one,
+/// only the fields that chunk adds (as vLLM writes it: unset fields are left out).
 #[derive(Debug, Serialize)]
 pub struct Delta<'a> {
     /// The first chunk of a chat stream names the role.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
-    pub content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<&'a str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -68,8 +75,12 @@ pub struct ChatChoice<'a> {
 #[derive(Debug, Serialize)]
 pub struct Message<'a> {
     pub role: &'static str,
-    pub content: &'a str,
+    /// Null where a reasoning parser found no content.
+    pub content: Option<Cow<'a, str>>,
     pub tool_calls: [(); 0],
+    /// With a reasoning parser only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -113,16 +124,19 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
-    /// Present (as nulls) in whole responses; the streamed usage chunk has none.
-    #[serde(flatten)]
-    pub details: Option<NoDetails>,
+    /// Present (as null) in whole responses; the streamed usage chunk has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<()>,
+    /// Whole responses: null, or the reasoning token count with a reasoning parser; the
+    /// streamed usage chunk has only the count, with a parser.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<Option<CompletionDetails>>,
     pub speculation: SpeculationUsage,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct NoDetails {
-    pub prompt_tokens_details: (),
-    pub completion_tokens_details: (),
+pub struct CompletionDetails {
+    pub reasoning_tokens: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -51,6 +51,7 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
         controller: &st.controller,
         backend: st.backend(),
         tokenizer: st.tokenizer(),
+        reasoning: st.args.reasoning_parser.as_ref(),
     };
     let resp = match policy::route(intake, &conditions) {
         Route::Passthrough { reason, body } => {
@@ -164,6 +165,7 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
         mode,
         backend,
         tokenizer,
+        reasoning,
     } = plan;
     // Calls made for this request carry the client's credentials, as a direct request would.
     let backend = parts
@@ -220,6 +222,7 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
             _ => st.args.max_draft_tokens,
         }),
         switch_every: gen.spec.switch_every,
+        reasoning,
     };
     let deps = SessionDeps {
         backend,
@@ -229,5 +232,5 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
         controller: st.controller.clone(),
     };
     let rx = session::spawn(params, deps);
-    Ok(respond::respond(st, &gen, model, tokenizer, rx).await)
+    Ok(respond::respond(st, &gen, model, tokenizer, reasoning, rx).await)
 }

@@ -18,6 +18,7 @@ use super::Shared;
 use crate::error::ApiError;
 use crate::metrics::labels::StreamMode;
 use crate::speculation::output::{self, new_id, Shape};
+use crate::speculation::reasoning::Reasoning;
 use crate::speculation::request::{Endpoint, GenRequest};
 use crate::speculation::session::Event;
 use crate::tokens::ModelTokenizer;
@@ -27,6 +28,7 @@ pub async fn respond(
     gen: &GenRequest,
     model: String,
     tokenizer: Arc<ModelTokenizer>,
+    reasoning: Option<Reasoning>,
     mut rx: mpsc::Receiver<Event>,
 ) -> Response {
     let path = match gen.endpoint {
@@ -49,6 +51,7 @@ pub async fn respond(
         want_logprobs: gen.want_logprobs,
         tokens_as_ids: gen.tokens_as_ids,
         tokenizer,
+        reasoning,
     };
     let first = rx.recv().await;
     let first = match first {
@@ -86,6 +89,7 @@ async fn full_response(
             Event::Delta {
                 text: t,
                 tokens: mut k,
+                ..
             } => {
                 text.push_str(&t);
                 tokens.append(&mut k);
@@ -95,14 +99,17 @@ async fn full_response(
                 tokens: mut k,
                 finish,
                 stats,
+                ..
             } => {
                 text.push_str(&t);
                 tokens.append(&mut k);
                 let mut off = 0;
                 let lp = shape.logprobs(&tokens, &mut off);
+                let thought = shape.reasoning_tokens(tokens.iter().map(|s| s.id));
                 outcome.tokens(tokens.len() as u64);
                 outcome.complete();
-                return axum::Json(shape.full(&text, lp, &finish, &stats)).into_response();
+                let body = shape.full(&text, lp, &finish, &stats, thought);
+                return axum::Json(body).into_response();
             }
             Event::Error(e) => {
                 outcome.set_status(e.status().as_u16());
@@ -126,6 +133,8 @@ struct StreamState {
     pending: Option<Event>,
     first_chunk: bool,
     offset: usize,
+    /// Every output token id, for the reasoning token count (with a parser only).
+    ids: Vec<u32>,
     finished: bool,
     outcome: Outcome,
 }
@@ -150,6 +159,7 @@ fn stream_response(
         pending: Some(first),
         first_chunk: true,
         offset: 0,
+        ids: Vec::new(),
         finished: false,
         outcome,
     };
@@ -159,7 +169,7 @@ fn stream_response(
         }
         let mut out: Vec<u8> = Vec::new();
         if s.first_chunk && s.shape.endpoint == Endpoint::Chat {
-            out.extend_from_slice(&sse(&s.shape.chunk("", None, None, true)));
+            out.extend_from_slice(&sse(&s.shape.chunk("", None, None, None, true)));
             s.first_chunk = false;
         }
         let ev = match s.pending.take() {
@@ -167,10 +177,23 @@ fn stream_response(
             None => s.rx.recv().await,
         };
         match ev {
-            Some(Event::Delta { text, tokens }) => {
+            Some(Event::Delta {
+                text,
+                tokens,
+                split,
+            }) => {
                 let lp = s.shape.logprobs(&tokens, &mut s.offset);
-                if !text.is_empty() || lp.is_some() {
-                    out.extend_from_slice(&sse(&s.shape.chunk(&text, lp, None, s.first_chunk)));
+                s.note_ids(&tokens);
+                // A chunk whose text a parser dropped entirely (a lone think marker) is
+                // not sent, as vLLM sends none.
+                let visible = split.as_ref().map_or(!text.is_empty(), |p| {
+                    !p.reasoning.is_empty() || !p.content.is_empty()
+                });
+                if visible || lp.is_some() {
+                    let chunk = s
+                        .shape
+                        .chunk(&text, split.as_ref(), lp, None, s.first_chunk);
+                    out.extend_from_slice(&sse(&chunk));
                     s.first_chunk = false;
                 }
                 s.outcome.tokens(tokens.len() as u64);
@@ -178,19 +201,23 @@ fn stream_response(
             Some(Event::Done {
                 text,
                 tokens,
+                split,
                 finish,
                 stats,
             }) => {
                 let lp = s.shape.logprobs(&tokens, &mut s.offset);
+                s.note_ids(&tokens);
                 out.extend_from_slice(&sse(&s.shape.chunk(
                     &text,
+                    split.as_ref(),
                     lp,
                     Some(&finish),
                     s.first_chunk,
                 )));
                 s.outcome.tokens(tokens.len() as u64);
                 if s.include_usage {
-                    out.extend_from_slice(&sse(&s.shape.usage_chunk(&stats)));
+                    let thought = s.shape.reasoning_tokens(s.ids.iter().copied());
+                    out.extend_from_slice(&sse(&s.shape.usage_chunk(&stats, thought)));
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
                 s.outcome.complete();
@@ -222,6 +249,14 @@ fn stream_response(
     resp.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
+}
+
+impl StreamState {
+    fn note_ids(&mut self, tokens: &[crate::upstream::verify::Sample]) {
+        if self.shape.reasoning.is_some() {
+            self.ids.extend(tokens.iter().map(|t| t.id));
+        }
+    }
 }
 
 /// Keep a stream slot until the response body is finished or dropped.

@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use super::reasoning::{Split, StreamSplit};
 use crate::tokens::{Detokenizer, StopMatcher, StopOutcome};
 use crate::upstream::verify::Sample;
 
@@ -61,6 +62,17 @@ pub struct Generation<'t> {
     /// Text released for the client since the last `take`.
     text: String,
     tokens: Vec<Sample>,
+    /// With a reasoning parser: the same text, split as vLLM streams it.
+    reasoning: Option<(StreamSplit, Split)>,
+}
+
+/// What a generation released since the last `take`.
+#[derive(Debug, Default)]
+pub struct Piece {
+    pub text: String,
+    pub tokens: Vec<Sample>,
+    /// `text` as reasoning and content (with a reasoning parser).
+    pub split: Option<Split>,
 }
 
 impl<'t> Generation<'t> {
@@ -73,7 +85,14 @@ impl<'t> Generation<'t> {
             generated: 0,
             text: String::new(),
             tokens: Vec::new(),
+            reasoning: None,
         }
+    }
+
+    /// Split the released text as `splitter` does (a reasoning parser).
+    pub fn with_reasoning(mut self, splitter: StreamSplit) -> Self {
+        self.reasoning = Some((splitter, Split::default()));
+        self
     }
 
     /// Tokens still allowed before `max_tokens` or the context limit.
@@ -88,6 +107,22 @@ impl<'t> Generation<'t> {
 
     /// Add one generated token; `Some` when generation ends with it.
     pub fn push(&mut self, s: Sample) -> Option<Finish> {
+        let id = s.id;
+        let mut released = String::new();
+        let finish = self.step(s, &mut released);
+        self.release(id, &released);
+        finish
+    }
+
+    /// The text released with token `id` is one streaming step for the reasoning split.
+    fn release(&mut self, id: u32, text: &str) {
+        self.text.push_str(text);
+        if let Some((splitter, split)) = &mut self.reasoning {
+            splitter.step(id, text, split);
+        }
+    }
+
+    fn step(&mut self, s: Sample, released: &mut String) -> Option<Finish> {
         let id = s.id;
         self.generated += 1;
         self.tokens.push(s);
@@ -118,9 +153,9 @@ impl<'t> Generation<'t> {
         if !stop_terminated || self.limits.include_stop_str {
             let piece = self.detok.step(id);
             match self.stops.push(&piece) {
-                StopOutcome::Continue(t) => self.text.push_str(&t),
+                StopOutcome::Continue(t) => released.push_str(&t),
                 StopOutcome::Stopped(t, s) => {
-                    self.text.push_str(&t);
+                    released.push_str(&t);
                     return Some(Finish {
                         reason: FinishReason::Stop,
                         stop_reason: Value::from(s),
@@ -129,8 +164,7 @@ impl<'t> Generation<'t> {
             }
         }
         if engine_stop.is_some() {
-            let rest = self.stops.flush();
-            self.text.push_str(&rest);
+            released.push_str(&self.stops.flush());
         }
         engine_stop
     }
@@ -141,28 +175,40 @@ impl<'t> Generation<'t> {
     }
 
     /// Text and tokens produced since the last call.
-    pub fn take(&mut self) -> (String, Vec<Sample>) {
-        (
-            std::mem::take(&mut self.text),
-            std::mem::take(&mut self.tokens),
-        )
+    pub fn take(&mut self) -> Piece {
+        Piece {
+            text: std::mem::take(&mut self.text),
+            tokens: std::mem::take(&mut self.tokens),
+            split: self.reasoning.as_mut().map(|(splitter, split)| Split {
+                closed: splitter.is_closed(),
+                ..std::mem::take(split)
+            }),
+        }
     }
 
     /// End for a reason outside the tokens (e.g. an error): release held text.
     pub fn flush(&mut self) {
         let rest = self.stops.flush();
         self.text.push_str(&rest);
+        if let Some((splitter, split)) = &mut self.reasoning {
+            splitter.held(&rest, split);
+        }
     }
 }
 
 impl Generation<'_> {
-    /// Put back text and tokens taken by `take` (they go out with the final event).
-    pub fn restore(&mut self, text: String, mut tokens: Vec<Sample>) {
-        let mut t = text;
+    /// Put back what `take` returned (it goes out with the final event).
+    pub fn restore(&mut self, piece: Piece) {
+        let mut t = piece.text;
         t.push_str(&self.text);
         self.text = t;
+        let mut tokens = piece.tokens;
         tokens.append(&mut self.tokens);
         self.tokens = tokens;
+        if let (Some(mut earlier), Some((_, split))) = (piece.split, self.reasoning.as_mut()) {
+            earlier.append(std::mem::take(split));
+            *split = earlier;
+        }
     }
 }
 
@@ -211,7 +257,7 @@ mod tests {
         if fin.is_none() {
             g.flush();
         }
-        (g.take().0, g.generated, fin)
+        (g.take().text, g.generated, fin)
     }
 
     #[test]

@@ -7,5 +7,6 @@ pub mod generation;
 pub mod limits;
 pub mod output;
 pub mod policy;
+pub mod reasoning;
 pub mod request;
 pub mod session;

@@ -3,13 +3,16 @@
 
 use serde_json::{Map, Value};
 
+use std::borrow::Cow;
+
 use super::generation::Finish;
+use super::reasoning::{Reasoning, Split};
 use super::request::Endpoint;
 use super::session::Stats;
 use crate::protocol::response::{
     ChatChoice, ChatChunkChoice, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
-    CompletionLogprobs, Delta, Envelope, Finished, Logprobs, Message, NoDetails, SpeculationUsage,
-    TokenLogprob, Usage,
+    CompletionDetails, CompletionLogprobs, Delta, Envelope, Finished, Logprobs, Message,
+    SpeculationUsage, TokenLogprob, Usage,
 };
 use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::Sample;
@@ -22,6 +25,8 @@ pub struct Shape {
     pub want_logprobs: bool,
     pub tokens_as_ids: bool,
     pub tokenizer: std::sync::Arc<ModelTokenizer>,
+    /// The upstream's reasoning parser (chat only).
+    pub reasoning: Option<Reasoning>,
 }
 
 /// A chunk or response of either endpoint, ready to serialize.
@@ -45,17 +50,22 @@ pub fn new_id(endpoint: Endpoint) -> String {
     )
 }
 
-/// `usage` as vLLM writes it (the streamed usage chunk has no `*_details` fields), plus
-/// specd's `speculation` object.
-pub fn usage(stats: &Stats, streamed: bool) -> Usage {
+/// `usage` as vLLM writes it, plus specd's `speculation` object. The streamed usage
+/// chunk leaves out null details; `reasoning_tokens` is counted with a reasoning parser.
+pub fn usage(stats: &Stats, streamed: bool, reasoning_tokens: Option<u32>) -> Usage {
+    let details = reasoning_tokens.map(|n| CompletionDetails {
+        reasoning_tokens: n,
+    });
     Usage {
         prompt_tokens: stats.prompt_tokens,
         completion_tokens: stats.completion_tokens,
         total_tokens: stats.prompt_tokens + stats.completion_tokens,
-        details: (!streamed).then_some(NoDetails {
-            prompt_tokens_details: (),
-            completion_tokens_details: (),
-        }),
+        prompt_tokens_details: (!streamed).then_some(()),
+        completion_tokens_details: match (streamed, details) {
+            (true, None) => None,
+            (true, Some(d)) => Some(Some(d)),
+            (false, d) => Some(d),
+        },
         speculation: SpeculationUsage {
             mode: stats.mode,
             drafter: stats.drafter,
@@ -147,10 +157,16 @@ impl Shape {
         ChatLogprobs { content }
     }
 
-    /// One streamed chunk.
+    /// The reasoning tokens among `ids` (the whole output), with a reasoning parser.
+    pub fn reasoning_tokens(&self, ids: impl IntoIterator<Item = u32>) -> Option<u32> {
+        self.reasoning.map(|r| r.reasoning_tokens(ids))
+    }
+
+    /// One streamed chunk; `split` is `text` as reasoning and content (with a parser).
     pub fn chunk<'a>(
         &'a self,
         text: &'a str,
+        split: Option<&'a Split>,
         logprobs: Option<Logprobs>,
         finish: Option<&Finish>,
         first: bool,
@@ -171,10 +187,7 @@ impl Shape {
                 "chat.completion.chunk",
                 vec![ChatChunkChoice {
                     index: 0,
-                    delta: Delta {
-                        role: first.then_some("assistant"),
-                        content: text,
-                    },
+                    delta: delta(text, split, first, finish.is_some()),
                     logprobs,
                     finished,
                 }],
@@ -183,13 +196,13 @@ impl Shape {
     }
 
     /// The final usage chunk (`stream_options.include_usage`).
-    pub fn usage_chunk(&self, stats: &Stats) -> Body<'_> {
+    pub fn usage_chunk(&self, stats: &Stats, reasoning_tokens: Option<u32>) -> Body<'_> {
         let object = match self.endpoint {
             Endpoint::Completions => "text_completion",
             Endpoint::Chat => "chat.completion.chunk",
         };
         let mut e = self.envelope(object, Vec::new());
-        e.usage = Some(usage(stats, true));
+        e.usage = Some(usage(stats, true, reasoning_tokens));
         Body::Completion(e)
     }
 
@@ -200,9 +213,10 @@ impl Shape {
         logprobs: Option<Logprobs>,
         finish: &Finish,
         stats: &Stats,
+        reasoning_tokens: Option<u32>,
     ) -> Body<'a> {
         let finished = finished(Some(finish));
-        let usage = Some(usage(stats, false));
+        let usage = Some(usage(stats, false, reasoning_tokens));
         match self.endpoint {
             Endpoint::Completions => {
                 let choice = CompletionChoice {
@@ -219,11 +233,7 @@ impl Shape {
             Endpoint::Chat => {
                 let choice = ChatChoice {
                     index: 0,
-                    message: Message {
-                        role: "assistant",
-                        content: text,
-                        tool_calls: [],
-                    },
+                    message: self.message(text),
                     logprobs,
                     finished,
                 };
@@ -232,6 +242,53 @@ impl Shape {
                 Body::Chat(e)
             }
         }
+    }
+}
+
+impl Shape {
+    /// A whole chat answer's message: split by the reasoning parser, if any.
+    fn message<'a>(&self, text: &'a str) -> Message<'a> {
+        let (reasoning, content) = match &self.reasoning {
+            None => (None, Some(Cow::Borrowed(text))),
+            Some(r) => {
+                let (reasoning, content) = r.split_full(text);
+                (Some(reasoning), content.map(Cow::Owned))
+            }
+        };
+        Message {
+            role: "assistant",
+            content,
+            tool_calls: [],
+            reasoning,
+        }
+    }
+}
+
+/// A chat delta: all `text` as content, or (with a parser) the parts this chunk adds.
+/// A last chunk that adds nothing names the side it ends on with "" (vLLM's last step,
+/// the unrendered EOS, is an empty delta of that side).
+fn delta<'a>(text: &'a str, split: Option<&'a Split>, first: bool, last: bool) -> Delta<'a> {
+    let role = first.then_some("assistant");
+    let Some(s) = split else {
+        return Delta {
+            role,
+            content: Some(text),
+            reasoning: None,
+        };
+    };
+    let some = |t: &'a String| (!t.is_empty()).then_some(t.as_str());
+    let (mut content, mut reasoning) = (some(&s.content), some(&s.reasoning));
+    if last && content.is_none() && reasoning.is_none() {
+        if s.closed {
+            content = Some("");
+        } else {
+            reasoning = Some("");
+        }
+    }
+    Delta {
+        role,
+        content,
+        reasoning,
     }
 }
 

@@ -80,6 +80,49 @@ pub fn sglang_upstream() -> String {
     .clone()
 }
 
+/// URL of a real vLLM serving the `agent` model (scripts/train_agent.py) in float32
+/// with `--reasoning-parser PARSER`: `SPECD_TEST_REASONING_UPSTREAM` (one server, for
+/// every parser a test asks for), else started by scripts/vllm-cpu-upstream.sh as its
+/// own named server `specd-agent-PARSER` (reused across test processes, ~100 s to start).
+pub fn reasoning_upstream(parser: &str) -> String {
+    static URLS: OnceLock<Mutex<std::collections::HashMap<String, String>>> = OnceLock::new();
+    if let Ok(u) = std::env::var("SPECD_TEST_REASONING_UPSTREAM") {
+        return u;
+    }
+    let urls = URLS.get_or_init(Default::default);
+    let mut urls = urls.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(u) = urls.get(parser) {
+        return u.clone();
+    }
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("bash")
+        .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
+        .arg("start")
+        .env("SPECD_VLLM_MODEL", "agent")
+        .env("SPECD_VLLM_SERVED_NAME", format!("specd-agent-{parser}"))
+        .env(
+            "SPECD_VLLM_EXTRA_ARGS",
+            format!("--dtype float32 --reasoning-parser {parser}"),
+        )
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/vllm-cpu-upstream.sh");
+    assert!(
+        out.status.success(),
+        "the {parser} vLLM upstream did not start"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let url = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("UPSTREAM="))
+        .expect("script prints UPSTREAM=")
+        .trim()
+        .to_string();
+    urls.insert(parser.to_string(), url.clone());
+    url
+}
+
 /// Run specd with `args` until it exits (it must fail at start-up); its status and stderr.
 pub fn specd_fails(args: &[&str], timeout: Duration) -> (Option<i32>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_specd"))

@@ -26,6 +26,7 @@ fn shape(endpoint: Endpoint, want_logprobs: bool) -> Shape {
         want_logprobs,
         tokens_as_ids: false,
         tokenizer: Arc::new(ModelTokenizer::from_tokenizer(tokenizer)),
+        reasoning: None,
     }
 }
 
@@ -62,7 +63,7 @@ fn whole_responses() {
         "prompt_tokens_details": null, "completion_tokens_details": null, "speculation": spec_usage()});
     let s = shape(Endpoint::Completions, false);
     assert_eq!(
-        to_value(&s.full("ab", None, &finish, &stats())),
+        to_value(&s.full("ab", None, &finish, &stats(), None)),
         json!({"id": "id-1", "object": "text_completion", "created": 7, "model": "m",
             "choices": [{"index": 0, "text": "ab", "logprobs": null, "finish_reason": "stop",
                          "stop_reason": "x", "prompt_logprobs": null}],
@@ -70,7 +71,7 @@ fn whole_responses() {
     );
     let s = shape(Endpoint::Chat, false);
     assert_eq!(
-        to_value(&s.full("ab", None, &finish, &stats())),
+        to_value(&s.full("ab", None, &finish, &stats(), None)),
         json!({"id": "id-1", "object": "chat.completion", "created": 7, "model": "m",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ab", "tool_calls": []},
                          "logprobs": null, "finish_reason": "stop", "stop_reason": "x"}],
@@ -82,24 +83,24 @@ fn whole_responses() {
 fn chunks_and_usage_chunk() {
     let s = shape(Endpoint::Chat, false);
     assert_eq!(
-        to_value(&s.chunk("", None, None, true)),
+        to_value(&s.chunk("", None, None, None, true)),
         json!({"id": "id-1", "object": "chat.completion.chunk", "created": 7, "model": "m",
             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                          "logprobs": null, "finish_reason": null, "stop_reason": null}]})
     );
     assert_eq!(
-        to_value(&s.chunk("a", None, None, false))["choices"][0]["delta"],
+        to_value(&s.chunk("a", None, None, None, false))["choices"][0]["delta"],
         json!({"content": "a"})
     );
     let s = shape(Endpoint::Completions, false);
     assert_eq!(
-        to_value(&s.chunk("a", None, Some(&Finish::length()), false)),
+        to_value(&s.chunk("a", None, None, Some(&Finish::length()), false)),
         json!({"id": "id-1", "object": "text_completion", "created": 7, "model": "m",
             "choices": [{"index": 0, "text": "a", "logprobs": null, "finish_reason": "length",
                          "stop_reason": null}]})
     );
     assert_eq!(
-        to_value(&s.usage_chunk(&stats())),
+        to_value(&s.usage_chunk(&stats(), None)),
         json!({"id": "id-1", "object": "text_completion", "created": 7, "model": "m", "choices": [],
             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
                       "speculation": spec_usage()}})
@@ -140,4 +141,44 @@ fn logprobs_in_both_formats() {
     assert!(shape(Endpoint::Chat, false)
         .logprobs(&samples, &mut off)
         .is_none());
+}
+
+#[test]
+fn reasoning_fields_as_vllm_writes_them() {
+    use crate::config::ReasoningParser;
+    use crate::speculation::reasoning::{Reasoning, Split};
+    let mut s = shape(Endpoint::Chat, false);
+    s.reasoning = Some(Reasoning::with_ids(ReasoningParser::DeepseekR1, 6, 7));
+    let finish = Finish::length();
+    let full = to_value(&s.full("a b</think>", None, &finish, &stats(), Some(0)));
+    assert_eq!(
+        full["choices"][0]["message"],
+        json!({"role": "assistant", "content": null, "reasoning": "a b", "tool_calls": []})
+    );
+    assert_eq!(
+        full["usage"]["completion_tokens_details"],
+        json!({"reasoning_tokens": 0})
+    );
+    let mut split = Split {
+        reasoning: "r".into(),
+        content: String::new(),
+        closed: false,
+    };
+    let chunk = to_value(&s.chunk("r", Some(&split), None, None, false));
+    assert_eq!(chunk["choices"][0]["delta"], json!({"reasoning": "r"}));
+    // A last chunk with nothing to add (the EOS step) is an empty delta of its side.
+    split.reasoning.clear();
+    let last = |split: &Split| {
+        to_value(&s.chunk("", Some(split), None, Some(&finish), false))["choices"][0]["delta"]
+            .clone()
+    };
+    assert_eq!(last(&split), json!({"reasoning": ""}));
+    split.closed = true;
+    assert_eq!(last(&split), json!({"content": ""}));
+    let usage = to_value(&s.usage_chunk(&stats(), Some(2)));
+    assert_eq!(
+        usage["usage"]["completion_tokens_details"],
+        json!({"reasoning_tokens": 2})
+    );
+    assert!(usage["usage"].get("prompt_tokens_details").is_none());
 }

@@ -13,9 +13,11 @@ use serde_json::{Map, Value};
 pub mod fields;
 
 use super::controller::Controller;
+use super::reasoning::Reasoning;
 use super::request::{Endpoint, GenRequest, Intake};
-use crate::config::SpecMode;
+use crate::config::{ReasoningParserArg, SpecMode};
 use crate::metrics::labels::PassthroughReason as Reason;
+use crate::protocol::lax;
 use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::Backend;
 
@@ -26,6 +28,8 @@ pub struct Conditions<'a> {
     pub controller: &'a Controller,
     pub backend: Option<Arc<dyn Backend>>,
     pub tokenizer: Option<Arc<ModelTokenizer>>,
+    /// `--reasoning-parser`: how the upstream splits chat answers.
+    pub reasoning: Option<&'a ReasoningParserArg>,
 }
 
 /// A request to speculate, with what it needs.
@@ -34,6 +38,8 @@ pub struct Plan {
     pub mode: SpecMode,
     pub backend: Arc<dyn Backend>,
     pub tokenizer: Arc<ModelTokenizer>,
+    /// The reasoning split of a chat answer, when the upstream runs a parser.
+    pub reasoning: Option<Reasoning>,
 }
 
 pub enum Route {
@@ -79,10 +85,42 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
         return pass(reason, gen);
     }
+    // Plain completions are never parsed by vLLM, whatever its parsers. The split is
+    // vLLM's: SGLang's parsers (and field names) are not reproduced.
+    let reasoning = match c.reasoning.filter(|_| chat) {
+        None => None,
+        Some(_) if backend.kind() != "vllm" => return pass(Reason::Parser, gen),
+        Some(arg) => match reasoning_for(arg, &tokenizer, &gen) {
+            Some(r) => Some(r),
+            None => return pass(Reason::Parser, gen),
+        },
+    };
     Route::Speculate(Box::new(Plan {
         gen,
         mode,
         backend,
         tokenizer,
+        reasoning,
     }))
+}
+
+/// The split specd reproduces for this chat request; `None`: it must pass through (a
+/// parser specd does not implement, a model without the think tokens, or reasoning
+/// hidden by the request, which vLLM then drops from stream metadata too).
+fn reasoning_for(
+    arg: &ReasoningParserArg,
+    tokenizer: &ModelTokenizer,
+    gen: &GenRequest,
+) -> Option<Reasoning> {
+    let ReasoningParserArg::Known(parser) = arg else {
+        return None;
+    };
+    let shown = gen
+        .body
+        .get("include_reasoning")
+        .is_none_or(|v| v.is_null() || lax::boolean(v) == Some(true));
+    if !shown {
+        return None;
+    }
+    Reasoning::resolve(*parser, tokenizer)
 }

@@ -8,6 +8,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::speculation::controller::Controller;
 use crate::speculation::generation::Finish;
+use crate::speculation::reasoning::{Reasoning, Split};
 use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::{Backend, Sample, Sampling};
 
@@ -17,11 +18,14 @@ pub enum Event {
     Delta {
         text: String,
         tokens: Vec<Sample>,
+        /// `text` as reasoning and content, with a reasoning parser.
+        split: Option<Split>,
     },
     /// The last text and tokens, sent together with the finish reason.
     Done {
         text: String,
         tokens: Vec<Sample>,
+        split: Option<Split>,
         finish: Finish,
         stats: Stats,
     },
@@ -74,6 +78,8 @@ pub struct SessionParams {
     /// Force a relay↔speculate switch every N tokens (tests of the hybrid). Rounds are
     /// cut at the boundaries, so segments start at fixed positions whatever K is chosen.
     pub switch_every: Option<usize>,
+    /// The upstream's reasoning parser (chat only): how streamed text is split.
+    pub reasoning: Option<Reasoning>,
 }
 
 pub struct SessionDeps {

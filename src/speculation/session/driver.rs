@@ -189,15 +189,19 @@ impl<'a> Driver<'a> {
                 break;
             }
         }
-        let (text, tokens) = gen.take();
-        if finish.is_none() && (!text.is_empty() || !tokens.is_empty()) {
+        let piece = gen.take();
+        if finish.is_none() && (!piece.text.is_empty() || !piece.tokens.is_empty()) {
             self.tx
-                .send(Event::Delta { text, tokens })
+                .send(Event::Delta {
+                    text: piece.text,
+                    tokens: piece.tokens,
+                    split: piece.split,
+                })
                 .await
                 .map_err(|_| ApiError::Internal("client gone".into()))?;
         } else if finish.is_some() {
             // Keep them for the final event, sent with the finish reason.
-            gen.restore(text, tokens);
+            gen.restore(piece);
         }
         self.d
             .drafters

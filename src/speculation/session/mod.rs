@@ -76,18 +76,22 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
     let _active = d.controller.enter();
     let detok = Detokenizer::new(&d.tokenizer.tokenizer, p.skip_special_tokens, &p.prompt);
     let mut gen = Generation::new(limits(&p, &d), detok, p.stop.clone());
+    if let Some(r) = &p.reasoning {
+        gen = gen.with_reasoning(r.stream(&p.prompt));
+    }
     let mut l = Driver::new(&p, &d, &tx);
     let result = drive(&mut l, &mut gen).await;
     record_request(&mut l, &gen, started);
     match result {
         Ok(finish) => {
-            let (text, tokens) = gen.take();
+            let piece = gen.take();
             l.stats.completion_tokens = gen.generated;
             let stats = l.stats.clone();
             let _ = tx
                 .send(Event::Done {
-                    text,
-                    tokens,
+                    text: piece.text,
+                    tokens: piece.tokens,
+                    split: piece.split,
                     finish,
                     stats,
                 })

@@ -182,6 +182,7 @@ async fn run_session(s: Setup) -> Run {
         mode: s.mode,
         k_max: 4,
         switch_every: s.switch_every,
+        reasoning: None,
     };
     let oracle: Arc<dyn Drafter> = Arc::new(Truthful {
         kind: DrafterKind::Oracle,
