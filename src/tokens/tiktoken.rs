@@ -1,0 +1,320 @@
+//! Tokenizers shipped in the tiktoken format, as Kimi-K2 ships its own: `tiktoken.model`
+//! (one `base64(token bytes) rank` per line), a remote-code tokenizer class named in
+//! tokenizer_config.json's `auto_map`, special tokens in its `added_tokens_decoder`, and no
+//! tokenizer.json.
+//!
+//! The result is an ordinary `tokenizers::Tokenizer`, so detokenization and stop strings
+//! work unchanged: a byte-level BPE whose vocabulary is the ranks and whose merges are
+//! derived from them (each token's merge is the last step of tiktoken's own BPE on that
+//! token's bytes, with only lower ranks allowed), a Split pre-tokenizer on the class's
+//! regex, and `ignore_merges`, because tiktoken takes a piece found whole in the ranks
+//! as one token before merging anything. Special tokens are the `added_tokens_decoder`
+//! entries; the `num_reserved_special_tokens` ids after the highest rank that it does not
+//! name are `<|reserved_token_{id}|>`, as Kimi's class fills them. The pattern and the
+//! reserved count are read from the class's source when it defines them as literals;
+//! otherwise Kimi-K2's are used. The start-up check against the upstream catches a class
+//! that tokenizes differently.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde_json::Value;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+mod pysource;
+
+/// The file holding the ranks.
+pub const RANKS_FILE: &str = "tiktoken.model";
+
+/// Kimi-K2's pre-tokenizer pattern (`TikTokenTokenizer.pat_str` in its
+/// tokenization_kimi.py): Han runs, words with their case runs and English contractions,
+/// numbers of up to three digits, punctuation runs, line breaks and other whitespace.
+pub const KIMI_PATTERN: &str = concat!(
+    r"[\p{Han}]+",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*",
+    r"|\s*[\r\n]+",
+    r"|\s+(?!\S)",
+    r"|\s+",
+);
+
+/// Kimi-K2's `num_reserved_special_tokens`.
+pub const KIMI_RESERVED: u32 = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TiktokenError {
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("{0}, line {1}: {2}")]
+    Ranks(PathBuf, usize, String),
+    #[error("{0}: {1}")]
+    Config(PathBuf, String),
+    #[error("cannot build the tokenizer: {0}")]
+    Build(String),
+}
+
+/// Whether `dir` holds a tokenizer in the tiktoken format.
+pub fn is_tiktoken_dir(dir: &Path) -> bool {
+    dir.join(RANKS_FILE).is_file()
+}
+
+/// How the tokenizer was put together, for the start-up log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub pattern: String,
+    pub reserved: u32,
+    /// The class source the pattern came from; `None`: Kimi-K2's defaults.
+    pub pattern_from: Option<PathBuf>,
+}
+
+/// Build the tokenizer of the model directory `dir`.
+pub fn load(dir: &Path) -> Result<(Tokenizer, Settings), TiktokenError> {
+    let ranks_path = dir.join(RANKS_FILE);
+    let text = std::fs::read_to_string(&ranks_path)
+        .map_err(|e| TiktokenError::Read(ranks_path.clone(), e))?;
+    let ranks =
+        parse_ranks(&text).map_err(|(line, why)| TiktokenError::Ranks(ranks_path, line, why))?;
+    let cfg_path = dir.join("tokenizer_config.json");
+    let config: Value = match std::fs::read(&cfg_path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map_err(|e| TiktokenError::Config(cfg_path.clone(), e.to_string()))?,
+        Err(_) => Value::Null,
+    };
+    let settings = class_settings(dir, &config);
+    let tok = build(&ranks, &config, &settings)?;
+    Ok((tok, settings))
+}
+
+/// `(bytes, rank)` per line; blank lines are skipped.
+pub fn parse_ranks(text: &str) -> Result<Vec<(Vec<u8>, u32)>, (usize, String)> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (tok, rank) = line
+            .split_once(' ')
+            .ok_or((n + 1, "expected `base64 rank`".to_string()))?;
+        let bytes = b64.decode(tok).map_err(|e| (n + 1, e.to_string()))?;
+        let rank = rank
+            .trim()
+            .parse::<u32>()
+            .map_err(|e| (n + 1, format!("rank: {e}")))?;
+        out.push((bytes, rank));
+    }
+    if out.is_empty() {
+        return Err((0, "no ranks".into()));
+    }
+    Ok(out)
+}
+
+/// Pattern and reserved count from the class `auto_map` names, else Kimi-K2's.
+fn class_settings(dir: &Path, config: &Value) -> Settings {
+    let source = config
+        .pointer("/auto_map/AutoTokenizer")
+        .and_then(|v| match v {
+            Value::Array(a) => a.first().and_then(Value::as_str),
+            other => other.as_str(),
+        })
+        // "module.Class", possibly "repo--module.Class" when the code lives elsewhere.
+        .and_then(|s| s.rsplit("--").next()?.rsplit_once('.').map(|(m, _)| m))
+        .map(|module| dir.join(format!("{}.py", module.replace('.', "/"))))
+        .and_then(|p| Some((std::fs::read_to_string(&p).ok()?, p)));
+    let mut s = Settings {
+        pattern: KIMI_PATTERN.to_string(),
+        reserved: KIMI_RESERVED,
+        pattern_from: None,
+    };
+    if let Some((code, path)) = source {
+        if let Some(p) = pysource::string_assignment(&code, "pat_str") {
+            s.pattern = p;
+            s.pattern_from = Some(path);
+        }
+        if let Some(n) = pysource::int_assignment(&code, "num_reserved_special_tokens") {
+            s.reserved = n;
+        }
+    }
+    s
+}
+
+/// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others are
+/// moved above U+00FF, so every token is a printable string.
+pub fn byte_chars() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let printable = |b: u32| (0x21..0x7F).contains(&b) || (0xA1..0xAD).contains(&b) || b >= 0xAE;
+    let mut extra = 0;
+    for b in 0..256u32 {
+        let c = if printable(b) {
+            b
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        table[b as usize] = char::from_u32(c).unwrap_or('\u{FFFD}');
+    }
+    table
+}
+
+/// One special token of the vocabulary.
+struct Special {
+    id: u32,
+    token: AddedToken,
+}
+
+fn specials(config: &Value, first_reserved: u32, reserved: u32) -> Vec<Special> {
+    let mut out: Vec<Special> = Vec::new();
+    if let Some(m) = config
+        .get("added_tokens_decoder")
+        .and_then(Value::as_object)
+    {
+        for (id, t) in m {
+            let (Ok(id), Some(content)) =
+                (id.parse::<u32>(), t.get("content").and_then(Value::as_str))
+            else {
+                continue;
+            };
+            let flag = |k: &str, d: bool| t.get(k).and_then(Value::as_bool).unwrap_or(d);
+            let token = AddedToken::from(content, flag("special", true))
+                .single_word(flag("single_word", false))
+                .lstrip(flag("lstrip", false))
+                .rstrip(flag("rstrip", false))
+                .normalized(flag("normalized", false));
+            out.push(Special { id, token });
+        }
+    }
+    let named: std::collections::HashSet<u32> = out.iter().map(|s| s.id).collect();
+    for id in first_reserved..first_reserved.saturating_add(reserved) {
+        if !named.contains(&id) {
+            let token =
+                AddedToken::from(format!("<|reserved_token_{id}|>"), true).normalized(false);
+            out.push(Special { id, token });
+        }
+    }
+    out.sort_by_key(|s| s.id);
+    out
+}
+
+fn build(
+    ranks: &[(Vec<u8>, u32)],
+    config: &Value,
+    settings: &Settings,
+) -> Result<Tokenizer, TiktokenError> {
+    let chars = byte_chars();
+    let as_str = |b: &[u8]| b.iter().map(|&x| chars[x as usize]).collect::<String>();
+    let by_bytes: HashMap<&[u8], u32> = ranks.iter().map(|(b, r)| (b.as_slice(), *r)).collect();
+    let mut vocab: HashMap<String, u32> = ranks.iter().map(|(b, r)| (as_str(b), *r)).collect();
+    let mut order: Vec<&(Vec<u8>, u32)> = ranks.iter().collect();
+    order.sort_by_key(|(_, r)| *r);
+    let mut merges = Vec::new();
+    for (bytes, rank) in order {
+        if let Some((l, r)) = last_merge(bytes, *rank, &by_bytes) {
+            merges.push((as_str(l), as_str(r)));
+        }
+    }
+    let max_rank = ranks.iter().map(|(_, r)| *r).max().unwrap_or(0);
+    let specials = specials(config, max_rank.saturating_add(1), settings.reserved);
+    for s in &specials {
+        // In the model's vocabulary too, so the added token keeps its own id.
+        vocab.insert(s.token.content.clone(), s.id);
+    }
+    let vocab: tokenizers::models::bpe::Vocab = vocab.into_iter().collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(true)
+        .build()
+        .map_err(|e| TiktokenError::Build(e.to_string()))?;
+    let split = Split::new(
+        SplitPattern::Regex(settings.pattern.clone()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| TiktokenError::Build(format!("pattern {:?}: {e}", settings.pattern)))?;
+    let mut tok = Tokenizer::new(bpe);
+    tok.with_pre_tokenizer(Some(Sequence::new(vec![
+        split.into(),
+        ByteLevel::new(false, false, false).into(),
+    ])));
+    tok.with_decoder(Some(ByteLevel::new(false, false, false)));
+    let (special, plain): (Vec<_>, Vec<_>) = specials.into_iter().partition(|s| s.token.special);
+    tok.add_special_tokens(special.into_iter().map(|s| s.token))
+        .map_err(|e| TiktokenError::Build(e.to_string()))?;
+    tok.add_tokens(plain.into_iter().map(|s| s.token))
+        .map_err(|e| TiktokenError::Build(e.to_string()))?;
+    if let Some(post) = bos_processor(&tok, config)? {
+        tok.with_post_processor(Some(post));
+    }
+    Ok(tok)
+}
+
+/// Text prompts start with BOS when tokenizer_config.json asks for it (`add_bos_token`).
+fn bos_processor(
+    tok: &Tokenizer,
+    config: &Value,
+) -> Result<Option<TemplateProcessing>, TiktokenError> {
+    if !config
+        .get("add_bos_token")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+    {
+        return Ok(None);
+    }
+    let Some(bos) = config.get("bos_token").and_then(|v| {
+        v.as_str()
+            .or_else(|| v.get("content").and_then(Value::as_str))
+    }) else {
+        return Ok(None);
+    };
+    let Some(id) = tok.token_to_id(bos) else {
+        return Ok(None);
+    };
+    TemplateProcessing::builder()
+        .try_single(format!("{bos} $A"))
+        .and_then(|b| b.try_pair(format!("{bos} $A {bos} $B")))
+        .map_err(|e| TiktokenError::Build(e.to_string()))?
+        .special_tokens(vec![(bos.to_string(), id)])
+        .build()
+        .map(Some)
+        .map_err(|e| TiktokenError::Build(e.to_string()))
+}
+
+/// The two parts tiktoken's BPE joins last when it encodes `token`'s own bytes with only
+/// ranks below `rank`; `None` for a single byte or a token BPE does not reach that way.
+fn last_merge<'a>(
+    token: &'a [u8],
+    rank: u32,
+    ranks: &HashMap<&[u8], u32>,
+) -> Option<(&'a [u8], &'a [u8])> {
+    if token.len() < 2 {
+        return None;
+    }
+    // Part boundaries; parts are token[bounds[i]..bounds[i + 1]].
+    let mut bounds: Vec<usize> = (0..=token.len()).collect();
+    loop {
+        let best = (0..bounds.len().saturating_sub(2))
+            .filter_map(|i| {
+                let r = *ranks.get(&token[bounds[i]..bounds[i + 2]])?;
+                (r < rank).then_some((r, i))
+            })
+            .min();
+        match best {
+            Some((_, i)) => {
+                bounds.remove(i + 1);
+            }
+            None => break,
+        }
+    }
+    (bounds.len() == 3).then(|| (&token[..bounds[1]], &token[bounds[1]..]))
+}
+
+#[cfg(test)]
+mod tests;
