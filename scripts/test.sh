@@ -36,6 +36,8 @@ cleanup() {
   bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   # The SGLang tests start their upstream on first use (scripts/sglang-cpu-upstream.sh).
   bash "$ROOT/scripts/sglang-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  # So do the tiktoken-format tests (tests/tiktoken.rs: target-tiktoken by hub id).
+  SPECD_VLLM_MODEL=target-tiktoken bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }
 if [ -z "${SPECD_KEEP_UPSTREAM:-}" ]; then trap cleanup EXIT; fi
 echo "upstream: $UPSTREAM" >&2

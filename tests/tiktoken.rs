@@ -282,3 +282,68 @@ async fn speculated_answers_equal_direct_vllm_token_for_token() {
     let m = s.metrics().await;
     assert!(metric_sum(&m, "specd_spec_decode_num_draft_tokens_total") > 0.0);
 }
+
+/// Every text file under `dir` (recursively), sorted.
+fn text_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<_> = rd.filter_map(Result::ok).map(|e| e.path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            text_files(&p, out);
+        } else if p.extension().is_some_and(|e| {
+            ["rs", "py", "md", "sh", "toml", "json"].contains(&e.to_str().unwrap_or(""))
+        }) {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn the_loader_matches_tokenizer_json_on_this_repositorys_files() {
+    let models = models_dir();
+    let tiktoken = ModelTokenizer::load(&models.join("target-tiktoken")).expect("tiktoken folder");
+    let json_variant = ModelTokenizer::load(&models.join("target")).expect("tokenizer.json");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for d in ["src", "scripts", "docs", "tests", "crates", "dashboards"] {
+        text_files(&root.join(d), &mut files);
+    }
+    assert!(files.len() > 50, "{} files", files.len());
+    let mut tokens = 0;
+    for f in &files {
+        // Reserved tokens exist in the tiktoken folder only.
+        let Some(text) = std::fs::read_to_string(f)
+            .ok()
+            .filter(|t| !t.contains("<|reserved_token_"))
+        else {
+            continue;
+        };
+        let a = tiktoken
+            .tokenizer
+            .encode(text.as_str(), false)
+            .expect("encode");
+        let b = json_variant
+            .tokenizer
+            .encode(text.as_str(), false)
+            .expect("encode");
+        if let Some(i) =
+            (0..a.len().max(b.len())).find(|&i| a.get_ids().get(i) != b.get_ids().get(i))
+        {
+            let at = a.get_offsets().get(i).map_or(0, |o| o.0);
+            let context: String = text[at..].chars().take(40).collect();
+            panic!("{}: token {i} differs, at {context:?}", f.display());
+        }
+        assert_eq!(
+            tiktoken
+                .tokenizer
+                .decode(a.get_ids(), false)
+                .expect("decode"),
+            text
+        );
+        tokens += a.get_ids().len();
+    }
+    eprintln!("{} files, {tokens} tokens: the same ids", files.len());
+}

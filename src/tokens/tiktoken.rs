@@ -93,8 +93,11 @@ pub fn load(dir: &Path) -> Result<(Tokenizer, Settings), TiktokenError> {
     Ok((tok, settings))
 }
 
-/// `(bytes, rank)` per line; blank lines are skipped.
-pub fn parse_ranks(text: &str) -> Result<Vec<(Vec<u8>, u32)>, (usize, String)> {
+/// Token bytes and their rank, in file order.
+pub type Ranks = Vec<(Vec<u8>, u32)>;
+
+/// `(bytes, rank)` per line; blank lines are skipped. The error: line number and why.
+pub fn parse_ranks(text: &str) -> Result<Ranks, (usize, String)> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
