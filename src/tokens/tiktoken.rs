@@ -253,38 +253,59 @@ fn build(
         .map_err(|e| TiktokenError::Build(e.to_string()))?;
     tok.add_tokens(plain.into_iter().map(|s| s.token))
         .map_err(|e| TiktokenError::Build(e.to_string()))?;
-    if let Some(post) = bos_processor(&tok, config)? {
+    if let Some(post) = special_processor(&tok, config)? {
         tok.with_post_processor(Some(post));
     }
     Ok(tok)
 }
 
-/// Text prompts start with BOS when tokenizer_config.json asks for it (`add_bos_token`).
-fn bos_processor(
+/// BOS before / EOS after a text prompt, as tokenizer_config.json asks: `add_bos_token`,
+/// `add_eos_token`, or transformers 5's `special_tokens_pattern` (`bos`, `eos`, `bos_eos`).
+/// A class that ignores these settings shows up in the start-up check.
+fn special_processor(
     tok: &Tokenizer,
     config: &Value,
 ) -> Result<Option<TemplateProcessing>, TiktokenError> {
-    if !config
-        .get("add_bos_token")
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
-    {
+    let flag = |k: &str| config.get(k).and_then(Value::as_bool).unwrap_or(false);
+    let pattern = config
+        .get("special_tokens_pattern")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let token = |which: &str, wanted: bool| {
+        let name = config.get(which).and_then(|v| {
+            v.as_str()
+                .or_else(|| v.get("content").and_then(Value::as_str))
+        })?;
+        let id = tok.token_to_id(name)?;
+        wanted.then(|| (name.to_string(), id))
+    };
+    let bos = token(
+        "bos_token",
+        flag("add_bos_token") || matches!(pattern, "bos" | "bos_eos"),
+    );
+    let eos = token(
+        "eos_token",
+        flag("add_eos_token") || matches!(pattern, "eos" | "bos_eos"),
+    );
+    if bos.is_none() && eos.is_none() {
         return Ok(None);
     }
-    let Some(bos) = config.get("bos_token").and_then(|v| {
-        v.as_str()
-            .or_else(|| v.get("content").and_then(Value::as_str))
-    }) else {
-        return Ok(None);
-    };
-    let Some(id) = tok.token_to_id(bos) else {
-        return Ok(None);
+    let seq = |s: &str| {
+        let pre = bos
+            .as_ref()
+            .map(|b| format!("{} ", b.0))
+            .unwrap_or_default();
+        let post = eos
+            .as_ref()
+            .map(|e| format!(" {}", e.0))
+            .unwrap_or_default();
+        format!("{pre}{s}{post}")
     };
     TemplateProcessing::builder()
-        .try_single(format!("{bos} $A"))
-        .and_then(|b| b.try_pair(format!("{bos} $A {bos} $B")))
+        .try_single(seq("$A"))
+        .and_then(|b| b.try_pair(format!("{} {}", seq("$A"), seq("$B"))))
         .map_err(|e| TiktokenError::Build(e.to_string()))?
-        .special_tokens(vec![(bos.to_string(), id)])
+        .special_tokens(bos.into_iter().chain(eos).collect::<Vec<_>>())
         .build()
         .map(Some)
         .map_err(|e| TiktokenError::Build(e.to_string()))
@@ -292,6 +313,8 @@ fn bos_processor(
 
 /// The two parts tiktoken's BPE joins last when it encodes `token`'s own bytes with only
 /// ranks below `rank`; `None` for a single byte or a token BPE does not reach that way.
+/// Like tiktoken's: the lowest-ranked adjacent pair merges first (the leftmost on a tie),
+/// and only the two pairs next to a merge are looked up again.
 fn last_merge<'a>(
     token: &'a [u8],
     rank: u32,
@@ -300,20 +323,33 @@ fn last_merge<'a>(
     if token.len() < 2 {
         return None;
     }
-    // Part boundaries; parts are token[bounds[i]..bounds[i + 1]].
+    // Part boundaries: part i is token[bounds[i]..bounds[i + 1]].
     let mut bounds: Vec<usize> = (0..=token.len()).collect();
+    let pair = |bounds: &[usize], i: usize| -> u32 {
+        match ranks.get(&token[bounds[i]..bounds[i + 2]]) {
+            Some(&r) if r < rank => r,
+            _ => u32::MAX,
+        }
+    };
+    let mut pairs: Vec<u32> = (0..token.len() - 1).map(|i| pair(&bounds, i)).collect();
     loop {
-        let best = (0..bounds.len().saturating_sub(2))
-            .filter_map(|i| {
-                let r = *ranks.get(&token[bounds[i]..bounds[i + 2]])?;
-                (r < rank).then_some((r, i))
-            })
-            .min();
-        match best {
-            Some((_, i)) => {
-                bounds.remove(i + 1);
+        let mut best = (u32::MAX, 0);
+        for (i, &r) in pairs.iter().enumerate() {
+            if r < best.0 {
+                best = (r, i);
             }
-            None => break,
+        }
+        let (r, i) = best;
+        if r == u32::MAX {
+            break;
+        }
+        bounds.remove(i + 1);
+        pairs.remove(i);
+        if i < pairs.len() {
+            pairs[i] = pair(&bounds, i);
+        }
+        if i > 0 {
+            pairs[i - 1] = pair(&bounds, i - 1);
         }
     }
     (bounds.len() == 3).then(|| (&token[..bounds[1]], &token[bounds[1]..]))

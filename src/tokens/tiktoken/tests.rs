@@ -2,12 +2,9 @@ use super::*;
 
 /// A Kimi-shaped folder: ranks 0..255 are the bytes, then a few merges; the special
 /// tokens follow the ranks, two named in `added_tokens_decoder`, the rest reserved.
-fn kimi_like(reserved: u32, class: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "specd-tiktoken-{}-{reserved}-{}",
-        std::process::id(),
-        class.len()
-    ));
+/// `tag` keeps the folders of tests running side by side apart.
+fn kimi_like(tag: &str, class: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("specd-tiktoken-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("mkdir");
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -64,11 +61,11 @@ fn ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
 
 #[test]
 fn kimis_pattern_is_read_from_its_class() {
-    let s = class_settings(&kimi_like(4, KIMI_CLASS), &serde_json::json!({}));
+    let s = class_settings(Path::new("."), &serde_json::json!({}));
     // No auto_map in this config: the defaults.
     assert_eq!(s.pattern, KIMI_PATTERN);
     assert_eq!(s.pattern_from, None);
-    let dir = kimi_like(4, KIMI_CLASS);
+    let dir = kimi_like("kimis_pattern_is_read_from_its_class", KIMI_CLASS);
     let (_, s) = load(&dir).expect("load");
     assert_eq!(s.pattern, KIMI_PATTERN);
     assert_eq!(s.reserved, 4);
@@ -109,7 +106,7 @@ fn python_literals_in_their_common_shapes() {
 
 #[test]
 fn merges_follow_the_ranks_and_whole_pieces_win() {
-    let dir = kimi_like(4, KIMI_CLASS);
+    let dir = kimi_like("merges_follow_the_ranks_and_whole_pieces_win", KIMI_CLASS);
     let (tok, _) = load(&dir).expect("load");
     let id = |t: &str| {
         tok.token_to_id(
@@ -131,7 +128,7 @@ fn merges_follow_the_ranks_and_whole_pieces_win() {
 
 #[test]
 fn special_and_reserved_tokens_keep_their_ids() {
-    let dir = kimi_like(4, KIMI_CLASS);
+    let dir = kimi_like("special_and_reserved_tokens_keep_their_ids", KIMI_CLASS);
     let (tok, _) = load(&dir).expect("load");
     let n = 266u32;
     assert_eq!(tok.token_to_id("[BOS]"), Some(n));
@@ -161,7 +158,7 @@ fn special_and_reserved_tokens_keep_their_ids() {
 
 #[test]
 fn non_ascii_text_round_trips_byte_for_byte() {
-    let dir = kimi_like(4, KIMI_CLASS);
+    let dir = kimi_like("non_ascii_text_round_trips_byte_for_byte", KIMI_CLASS);
     let (tok, _) = load(&dir).expect("load");
     for text in [
         "naïve café, Grüße — 数字 ✓ ½ 12345 6.02e23\n\tdef f(x):\n        return x  # done\n",
@@ -197,4 +194,37 @@ fn a_piece_bpe_cannot_reach_is_still_taken_whole() {
     assert_eq!(last_merge(b"abc", 4, &ranks), Some((&b"a"[..], &b"bc"[..])));
     assert_eq!(last_merge(b"ab", 5, &ranks), Some((&b"a"[..], &b"b"[..])));
     assert_eq!(last_merge(b"a", 0, &ranks), None);
+}
+
+#[test]
+fn bos_and_eos_follow_the_config() {
+    let dir = kimi_like("bos_and_eos_follow_the_config", KIMI_CLASS);
+    let base: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("tokenizer_config.json")).expect("read"))
+            .expect("json");
+    let with = |extra: Value| {
+        let mut cfg = base.clone();
+        if let (Some(o), Some(e)) = (cfg.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).expect("write");
+        let (tok, _) = load(&dir).expect("load");
+        tok.encode("the", true).expect("encode").get_ids().to_vec()
+    };
+    let the = with(serde_json::json!({}));
+    assert_eq!(the.len(), 1, "Kimi's own: no BOS");
+    let (bos, eos) = (266, 267);
+    assert_eq!(
+        with(serde_json::json!({"add_bos_token": true})),
+        vec![bos, the[0]]
+    );
+    assert_eq!(
+        with(serde_json::json!({"special_tokens_pattern": "bos_eos"})),
+        vec![bos, the[0], eos]
+    );
+    assert_eq!(
+        with(serde_json::json!({"add_eos_token": true})),
+        vec![the[0], eos]
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
