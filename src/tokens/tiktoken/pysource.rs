@@ -68,7 +68,10 @@ fn after_assignment<'a>(code: &'a str, name: &str) -> Option<&'a str> {
         if rest.starts_with(|c: char| c.is_alphanumeric() || c == '_') || !typed {
             continue;
         }
-        let eq = rest.find('=')?;
+        // An annotation alone (`name: str`) assigns nothing; a later line may.
+        let Some(eq) = rest.find('=') else {
+            continue;
+        };
         if rest[eq + 1..].starts_with('=') {
             continue;
         }

@@ -102,6 +102,11 @@ fn python_literals_in_their_common_shapes() {
         pysource::string_assignment("if pat_str == 'x':\n", "pat_str"),
         None
     );
+    let annotated = "pat_str: str\nself.pat_str = 'no'\npat_str: str = 'yes'\n";
+    assert_eq!(
+        pysource::string_assignment(annotated, "pat_str").as_deref(),
+        Some("yes")
+    );
 }
 
 #[test]
