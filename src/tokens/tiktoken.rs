@@ -118,6 +118,14 @@ pub fn parse_ranks(text: &str) -> Result<Ranks, (usize, String)> {
     if out.is_empty() {
         return Err((0, "no ranks".into()));
     }
+    // tiktoken refuses these too: one id per token and one token per id.
+    let mut seen_bytes = std::collections::HashSet::new();
+    let mut seen_ranks = std::collections::HashSet::new();
+    for (n, (bytes, rank)) in out.iter().enumerate() {
+        if !seen_bytes.insert(bytes.as_slice()) || !seen_ranks.insert(*rank) {
+            return Err((n + 1, format!("token or rank {rank} given twice")));
+        }
+    }
     Ok(out)
 }
 
@@ -226,9 +234,21 @@ fn build(
     }
     let max_rank = ranks.iter().map(|(_, r)| *r).max().unwrap_or(0);
     let specials = specials(config, max_rank.saturating_add(1), settings.reserved);
+    let rank_ids: std::collections::HashSet<u32> = ranks.iter().map(|(_, r)| *r).collect();
     for s in &specials {
+        if rank_ids.contains(&s.id) {
+            return Err(TiktokenError::Build(format!(
+                "special token {:?} has id {}, which is a rank",
+                s.token.content, s.id
+            )));
+        }
         // In the model's vocabulary too, so the added token keeps its own id.
-        vocab.insert(s.token.content.clone(), s.id);
+        if let Some(other) = vocab.insert(s.token.content.clone(), s.id) {
+            return Err(TiktokenError::Build(format!(
+                "special token {:?} (id {}) is also token {other}",
+                s.token.content, s.id
+            )));
+        }
     }
     let vocab: tokenizers::models::bpe::Vocab = vocab.into_iter().collect();
     let bpe = BPE::builder()

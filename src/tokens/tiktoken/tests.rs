@@ -182,6 +182,8 @@ fn bad_rank_files_name_the_line() {
         Err((2, "rank: invalid digit found in string".into()))
     );
     assert!(parse_ranks("").is_err());
+    assert!(parse_ranks("YQ== 0\nYg== 0\n").is_err(), "a rank twice");
+    assert!(parse_ranks("YQ== 0\nYQ== 1\n").is_err(), "a token twice");
     assert!(parse_ranks("!!! 3").is_err());
     assert_eq!(parse_ranks("\nYQ== 0\n").map(|r| r.len()), Ok(1));
 }
@@ -231,5 +233,17 @@ fn bos_and_eos_follow_the_config() {
         with(serde_json::json!({"add_eos_token": true})),
         vec![the[0], eos]
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_special_token_on_a_rank_is_refused() {
+    let dir = kimi_like("a_special_token_on_a_rank_is_refused", KIMI_CLASS);
+    let cfg = serde_json::json!({"added_tokens_decoder": {"65": {"content": "<|x|>"}}});
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).expect("write");
+    let err = load(&dir)
+        .map(|_| ())
+        .expect_err("id 65 is the rank of `A`");
+    assert!(err.to_string().contains("which is a rank"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
