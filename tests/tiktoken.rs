@@ -112,6 +112,15 @@ async fn the_tiktoken_folder_tokenizes_like_vllm_and_like_tokenizer_json() {
         tiktoken.path
     );
     let json_variant = ModelTokenizer::load(&models.join("target")).expect("tokenizer.json");
+    // `--tokenizer` may name the ranks file itself.
+    let by_file = ModelTokenizer::load(&tiktoken.path).expect("tiktoken.model");
+    assert_eq!(by_file.path, tiktoken.path);
+    assert_eq!(by_file.vocab_size, tiktoken.vocab_size);
+    assert_eq!(
+        tiktoken.vocab_size,
+        4096 + 256,
+        "the target's ids and 256 reserved ones"
+    );
     assert_eq!(tiktoken.eos_id, json_variant.eos_id);
     assert_eq!(tiktoken.extra_eos_ids, json_variant.extra_eos_ids);
     for text in texts() {
