@@ -38,6 +38,8 @@ VENV=${SPECD_VLLM_VENV:-$CACHE/vllm-venv}
 MODEL=${SPECD_VLLM_MODEL:-target}
 SERVED=${SPECD_VLLM_SERVED_NAME:-specd-$MODEL}
 HUB_ID=${SPECD_VLLM_HUB_ID:-}
+# What the state folder records as the served model: a reused server must match it.
+MODEL_KEY=$MODEL${HUB_ID:+ (hub id $HUB_ID)}
 START_TIMEOUT=${SPECD_VLLM_START_TIMEOUT:-400}
 PYTHON=${SPECD_PYTHON:-python3}
 RUN_ROOT=$CACHE/run
@@ -196,7 +198,7 @@ launch() {
     PID=$!
     echo "$PID" >"$STATE/pid"
     echo "$PORT" >"$STATE/port"
-    echo "$MODEL$HUB_ID" >"$STATE/model"
+    echo "$MODEL_KEY" >"$STATE/model"
     echo "${SPECD_VLLM_EXTRA_ARGS:-}" >"$STATE/args"
 }
 
@@ -219,7 +221,7 @@ cmd_start() {
     mkdir -p "$STATE"
     lock 9 "$STATE/lock"
     if healthy; then
-        if [[ $(cat "$STATE/model" 2>/dev/null) != "$MODEL$HUB_ID" ]]; then
+        if [[ $(cat "$STATE/model" 2>/dev/null) != "$MODEL_KEY" ]]; then
             die "$SERVED is already served from model $(cat "$STATE/model"); stop it first"
         fi
         # A server started with other arguments (say bf16 where the caller asks for
