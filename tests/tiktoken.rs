@@ -359,3 +359,44 @@ fn the_loader_matches_tokenizer_json_on_this_repositorys_files() {
     }
     eprintln!("{} files, {tokens} tokens: the same ids", files.len());
 }
+
+#[tokio::test]
+async fn kept_special_tokens_pass_through_unless_unspaced() {
+    let (up, _) = tiktoken_upstream();
+    let s = specd(&["--speculation", "on", "--drafter", "suffix"]).await;
+    // A prompt ending in a special token: vLLM's Python-class detokenizer puts a space
+    // after it when special tokens are kept and spaced (its default).
+    let prompt = "import os\nimport os\nimport os<|im_start|>";
+    for (spaced, speculated) in [(None, false), (Some(true), false), (Some(false), true)] {
+        let mut body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 12,
+                              "temperature": 0, "skip_special_tokens": false});
+        if let Some(sp) = spaced {
+            body["spaces_between_special_tokens"] = json!(sp);
+        }
+        let (sd, direct) = post(&up, "/v1/completions", &body).await;
+        let (sv, via) = post(&s.url, "/v1/completions", &body).await;
+        assert_eq!((sd, sv), (200, 200), "{direct} {via}");
+        let text = |v: &Value| {
+            v.pointer("/choices/0/text")
+                .and_then(Value::as_str)
+                .map(String::from)
+        };
+        assert_eq!(text(&via), text(&direct), "spaces {spaced:?}");
+        if spaced != Some(false) {
+            assert!(
+                text(&direct).is_some_and(|t| t.starts_with(' ')),
+                "{direct}"
+            );
+        }
+        let rounds = via
+            .pointer("/usage/speculation/rounds")
+            .and_then(Value::as_u64);
+        assert_eq!(
+            rounds.is_some_and(|r| r > 0),
+            speculated,
+            "spaces {spaced:?}: {via}"
+        );
+    }
+    let m = s.metrics().await;
+    assert!(metric_sum(&m, "specd_passthrough_total{reason=\"unsupported_param\"}") >= 2.0);
+}

@@ -31,6 +31,11 @@ pub struct ModelTokenizer {
     /// `clean_up_tokenization_spaces` of tokenizer_config.json: a whole-text decode on the
     /// server side (its `/detokenize`) then differs from the streamed text by design.
     pub clean_up_spaces: bool,
+    /// The upstream decodes with a Python tokenizer class (the tiktoken format). vLLM's
+    /// streamed text then puts a space between an added token it keeps and its neighbours
+    /// (`spaces_between_special_tokens`), which specd does not reproduce: requests that
+    /// keep special tokens pass through.
+    pub spaced_specials: bool,
 }
 
 impl ModelTokenizer {
@@ -47,12 +52,14 @@ impl ModelTokenizer {
             )
         };
         let tiktoken_file = file.file_name() == Some(tiktoken::RANKS_FILE.as_ref());
+        let mut spaced_specials = false;
         let tokenizer = if file.is_file() && !tiktoken_file {
             Tokenizer::from_file(&file)
                 .map_err(|e| TokenError::Load(file.clone(), e.to_string()))?
         } else if tiktoken::is_tiktoken_dir(&dir) {
             let (tok, settings) = tiktoken::load(&dir)?;
             file = dir.join(tiktoken::RANKS_FILE);
+            spaced_specials = true;
             tracing::info!(
                 path = %file.display(),
                 pattern_from = %settings.pattern_from.as_deref().map_or("Kimi-K2's default".into(), |p| p.display().to_string()),
@@ -102,6 +109,7 @@ impl ModelTokenizer {
             vocab_size,
             path: file,
             clean_up_spaces,
+            spaced_specials,
         })
     }
 
@@ -114,6 +122,7 @@ impl ModelTokenizer {
             extra_eos_ids: Vec::new(),
             path: PathBuf::new(),
             clean_up_spaces: false,
+            spaced_specials: false,
         }
     }
 

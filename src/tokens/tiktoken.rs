@@ -8,9 +8,11 @@
 //! derived from them (each token's merge is the last step of tiktoken's own BPE on that
 //! token's bytes, with only lower ranks allowed), a Split pre-tokenizer on the class's
 //! regex, and `ignore_merges`, because tiktoken takes a piece found whole in the ranks
-//! as one token before merging anything. Special tokens are the `added_tokens_decoder`
-//! entries; the `num_reserved_special_tokens` ids after the highest rank that it does not
-//! name are `<|reserved_token_{id}|>`, as Kimi's class fills them. The pattern and the
+//! as one token before merging anything. Added tokens are the `added_tokens_decoder`
+//! entries (special, i.e. skipped by `skip_special_tokens`, as transformers decides: the
+//! named and listed special tokens); the `num_reserved_special_tokens` ids after the
+//! highest rank that it does not name are `<|reserved_token_{id}|>`, as Kimi's class fills
+//! them (plain text to the class). The pattern and the
 //! reserved count are read from the class's source when it defines them as literals;
 //! otherwise Kimi-K2's are used. The start-up check against the upstream catches a class
 //! that tokenizes differently.
@@ -182,20 +184,55 @@ struct Special {
     token: AddedToken,
 }
 
+/// The text of a token setting: `"<s>"` or `{"content": "<s>", ...}`.
+fn token_text(v: &Value) -> Option<&str> {
+    v.as_str()
+        .or_else(|| v.get("content").and_then(Value::as_str))
+}
+
+/// The tokens a transformers tokenizer class treats as special (skipped when decoding with
+/// `skip_special_tokens`): the named ones (`bos_token`, …) and the listed ones
+/// (`additional_special_tokens`, or `extra_special_tokens` in transformers 5). `None` when
+/// the config lists none: then `added_tokens_decoder`'s own `special` flags decide.
+fn special_names(config: &Value) -> Option<std::collections::HashSet<&str>> {
+    let list = ["additional_special_tokens", "extra_special_tokens"]
+        .into_iter()
+        .find_map(|k| config.get(k))?;
+    let mut names: std::collections::HashSet<&str> = match list {
+        Value::Array(a) => a.iter().filter_map(token_text).collect(),
+        Value::Object(m) => m.values().filter_map(token_text).collect(),
+        _ => Default::default(),
+    };
+    for k in [
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+    ] {
+        names.extend(config.get(k).and_then(token_text));
+    }
+    Some(names)
+}
+
 fn specials(config: &Value, first_reserved: u32, reserved: u32) -> Vec<Special> {
     let mut out: Vec<Special> = Vec::new();
+    let names = special_names(config);
     if let Some(m) = config
         .get("added_tokens_decoder")
         .and_then(Value::as_object)
     {
         for (id, t) in m {
-            let (Ok(id), Some(content)) =
-                (id.parse::<u32>(), t.get("content").and_then(Value::as_str))
-            else {
+            let (Ok(id), Some(content)) = (id.parse::<u32>(), token_text(t)) else {
                 continue;
             };
             let flag = |k: &str, d: bool| t.get(k).and_then(Value::as_bool).unwrap_or(d);
-            let token = AddedToken::from(content, flag("special", true))
+            let special = names
+                .as_ref()
+                .map_or(flag("special", true), |n| n.contains(content));
+            let token = AddedToken::from(content, special)
                 .single_word(flag("single_word", false))
                 .lstrip(flag("lstrip", false))
                 .rstrip(flag("rstrip", false))
@@ -206,8 +243,9 @@ fn specials(config: &Value, first_reserved: u32, reserved: u32) -> Vec<Special> 
     let named: std::collections::HashSet<u32> = out.iter().map(|s| s.id).collect();
     for id in first_reserved..first_reserved.saturating_add(reserved) {
         if !named.contains(&id) {
+            // Only tiktoken knows these as special: the class decodes them as plain text.
             let token =
-                AddedToken::from(format!("<|reserved_token_{id}|>"), true).normalized(false);
+                AddedToken::from(format!("<|reserved_token_{id}|>"), false).normalized(false);
             out.push(Special { id, token });
         }
     }
@@ -292,10 +330,7 @@ fn special_processor(
         .and_then(Value::as_str)
         .unwrap_or("");
     let token = |which: &str, wanted: bool| {
-        let name = config.get(which).and_then(|v| {
-            v.as_str()
-                .or_else(|| v.get("content").and_then(Value::as_str))
-        })?;
+        let name = config.get(which).and_then(token_text)?;
         let id = tok.token_to_id(name)?;
         wanted.then(|| (name.to_string(), id))
     };

@@ -157,7 +157,11 @@ fn special_and_reserved_tokens_keep_their_ids() {
     assert_eq!(got[0], n);
     assert!(got.contains(&(n + 1)) && got.contains(&(n + 3)), "{got:?}");
     assert_eq!(tok.decode(&got, false).expect("decode"), text);
-    assert_eq!(tok.decode(&got, true).expect("decode"), "hi ok");
+    // Reserved ids are text to the class, as vLLM shows them.
+    assert_eq!(
+        tok.decode(&got, true).expect("decode"),
+        format!("hi<|reserved_token_{}|> ok", n + 3)
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -245,5 +249,24 @@ fn a_special_token_on_a_rank_is_refused() {
         .map(|_| ())
         .expect_err("id 65 is the rank of `A`");
     assert!(err.to_string().contains("which is a rank"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn listed_special_tokens_decide_what_is_skipped() {
+    let dir = kimi_like("listed_special_tokens_decide_what_is_skipped", KIMI_CLASS);
+    let cfg = serde_json::json!({
+        "added_tokens_decoder": {
+            "266": {"content": "[BOS]", "special": true},
+            "267": {"content": "<|im_end|>", "special": true},
+            "268": {"content": "<|tool|>", "special": true},
+        },
+        "bos_token": {"content": "[BOS]"},
+        "additional_special_tokens": ["<|im_end|>"],
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).expect("write");
+    let (tok, _) = load(&dir).expect("load");
+    let got = ids(&tok, "[BOS]a<|im_end|>b<|tool|>");
+    assert_eq!(tok.decode(&got, true).expect("decode"), "ab<|tool|>");
     let _ = std::fs::remove_dir_all(dir);
 }
