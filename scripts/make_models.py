@@ -248,7 +248,8 @@ def build_tiktoken(src: Path, out: Path) -> None:
     # The weights are the target's own: a relative link, no second copy.
     (out / "model.safetensors").symlink_to(Path("..") / src.name / "model.safetensors")
     meta = json.loads((src / "specd-model.json").read_text())
-    meta.update({"name": f"{src.name}-tiktoken", "tokenizer": "tiktoken", "weights_of": src.name})
+    meta.update({"name": f"{src.name}-tiktoken", "tokenizer": "tiktoken", "weights_of": src.name,
+                 "source_tokenizer_sha256": source_tokenizer_hash(src)})
     (out / "specd-model.json").write_text(json.dumps(meta, indent=2) + "\n")
     # The new folder must tokenize exactly as the source does.
     new = AutoTokenizer.from_pretrained(str(out), trust_remote_code=True)
@@ -262,6 +263,24 @@ def build_tiktoken(src: Path, out: Path) -> None:
     # Only the tiktoken folder has the reserved ids, past the model's own vocabulary.
     assert new.encode("<|reserved_token_4100|>", add_special_tokens=False) == [4100]
     log(f"{out.name}: tiktoken tokenizer agrees with {src.name}'s on {len(tokenizer_probes())} texts")
+
+
+def source_tokenizer_hash(src: Path) -> str:
+    """What target-tiktoken was made from: rebuilt when the source's tokenizer changes
+    (its weights are a link, always the source's own)."""
+    h = hashlib.sha256()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        h.update((src / name).read_bytes())
+    h.update(TIKTOKEN_CLASS.read_bytes())
+    return h.hexdigest()
+
+
+def tiktoken_current(dest: Path, src: Path) -> bool:
+    try:
+        meta = json.loads((dest / "specd-model.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (dest / COMPLETE).exists() and meta.get("source_tokenizer_sha256") == source_tokenizer_hash(src)
 
 
 def byte_chars() -> dict[int, str]:
@@ -355,7 +374,7 @@ def make_tiktoken(root: Path, force: bool) -> int:
     dest = root / "target-tiktoken"
     with open(root / ".lock-target-tiktoken", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if force or not (dest / COMPLETE).exists():
+        if force or not tiktoken_current(dest, root / "target"):
             install(dest, lambda out: build_tiktoken(root / "target", out))
     print(dest)
     return 0

@@ -112,7 +112,8 @@ ensure_model() {
     # Trained models are rebuilt when their recipe changes, which make_models.py checks.
     if [[ $MODEL == *-trained ]]; then
         args+=(--trained)
-    elif [[ $MODEL == *-tiktoken && ! -f $MODELS/$MODEL/.specd-complete ]]; then
+    elif [[ $MODEL == *-tiktoken ]]; then
+        # Rebuilt when its source's tokenizer (or the class) changes, which it checks.
         args+=(--tiktoken)
     elif [[ -f $MODELS/$MODEL/.specd-complete ]]; then
         return 0
