@@ -8,6 +8,7 @@ tokenizer is trained on the Python standard library that ships with the interpre
     python scripts/make_models.py            # random-weight target/ and draft/
     python scripts/make_models.py --trained  # trained target-trained/ and draft-trained/
     python scripts/make_models.py --agent    # agent/: <think> tokens, for reasoning parsers
+    python scripts/make_models.py --tiktoken # target-tiktoken/: target/ in the tiktoken format
 
 Models land in ${SPECD_MODELS_DIR:-~/.cache/specd/models}/<name>/, each with
 config.json, generation_config.json, model.safetensors, tokenizer.json and
@@ -28,6 +29,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -207,6 +209,100 @@ def build_random(name: str, tok_dir: Path, out: Path) -> None:
     save_model(model, tok_dir, out, {"kind": "random", "name": name, "seed": SEED, "architecture": arch})
 
 
+TIKTOKEN_CLASS = Path(__file__).resolve().parent / "tiktoken" / "tokenization_specd_tiktoken.py"
+
+
+def build_tiktoken(src: Path, out: Path) -> None:
+    """`src`'s weights with its tokenizer re-expressed the way Kimi-K2 ships one:
+    tiktoken.model ranks, a remote-code class named in `auto_map`, no tokenizer.json.
+    A token's rank is its id, which keeps BPE's merge order (ids follow the merges)."""
+    import base64
+
+    from transformers import AutoTokenizer
+
+    tok = json.loads((src / "tokenizer.json").read_text())
+    char_to_byte = {ord(c): b for b, c in byte_chars().items()}
+    special_ids = {t["id"] for t in tok["added_tokens"]}
+    lines = []
+    for text, i in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        if i not in special_ids:
+            data = bytes(char_to_byte[ord(c)] for c in text)
+            lines.append(f"{base64.b64encode(data).decode()} {i}\n")
+    (out / "tiktoken.model").write_text("".join(lines))
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg = {k: v for k, v in cfg.items() if k not in ("backend", "tokenizer_class")}
+    cfg.update({
+        "tokenizer_class": "TikTokenTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_specd_tiktoken.TikTokenTokenizer", None]},
+        "added_tokens_decoder": {
+            str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip",
+                                             "single_word", "special")}
+            for t in tok["added_tokens"]
+        },
+        "additional_special_tokens": [IM_START, IM_END],
+    })
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    shutil.copy2(TIKTOKEN_CLASS, out / TIKTOKEN_CLASS.name)
+    for name in ("config.json", "generation_config.json", "chat_template.jinja"):
+        if (src / name).exists():
+            shutil.copy2(src / name, out / name)
+    # The weights are the target's own: a relative link, no second copy.
+    (out / "model.safetensors").symlink_to(Path("..") / src.name / "model.safetensors")
+    meta = json.loads((src / "specd-model.json").read_text())
+    meta.update({"name": f"{src.name}-tiktoken", "tokenizer": "tiktoken", "weights_of": src.name,
+                 "source_tokenizer_sha256": source_tokenizer_hash(src)})
+    (out / "specd-model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    # The new folder must tokenize exactly as the source does.
+    new = AutoTokenizer.from_pretrained(str(out), trust_remote_code=True)
+    old = AutoTokenizer.from_pretrained(str(src))
+    for text in tokenizer_probes():
+        for special in (True, False):
+            a = new.encode(text, add_special_tokens=special)
+            b = old.encode(text, add_special_tokens=special)
+            assert a == b, (text, special, a, b)
+            assert new.decode(a) == old.decode(b), text
+    # Only the tiktoken folder has the reserved ids, past the model's own vocabulary.
+    assert new.encode("<|reserved_token_4100|>", add_special_tokens=False) == [4100]
+    log(f"{out.name}: tiktoken tokenizer agrees with {src.name}'s on {len(tokenizer_probes())} texts")
+
+
+def source_tokenizer_hash(src: Path) -> str:
+    """What target-tiktoken was made from: rebuilt when the source's tokenizer changes
+    (its weights are a link, always the source's own)."""
+    h = hashlib.sha256()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        h.update((src / name).read_bytes())
+    h.update(TIKTOKEN_CLASS.read_bytes())
+    return h.hexdigest()
+
+
+def tiktoken_current(dest: Path, src: Path) -> bool:
+    try:
+        meta = json.loads((dest / "specd-model.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (dest / COMPLETE).exists() and meta.get("source_tokenizer_sha256") == source_tokenizer_hash(src)
+
+
+def byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet (byte -> printable character)."""
+    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table = {b: chr(b) for b in keep}
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + len(table) - len(keep))
+    return table
+
+
+def tokenizer_probes() -> list[str]:
+    files = corpus_files()
+    texts = [read_text(f) for f in files[:: max(1, len(files) // 40)]]
+    return texts + [
+        "naïve café, Grüße — 数字 ✓ ½ 12345\n\tdef f(x):\n        return x\n",
+        f"{BOS}a{IM_START}user\nhi{IM_END}\n{EOS} x",
+    ]
+
+
 def install(dest: Path, build) -> None:
     """Build into a temporary folder next to `dest`, then rename it into place."""
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-", dir=dest.parent))
@@ -214,7 +310,8 @@ def install(dest: Path, build) -> None:
         tmp.chmod(0o755)
         build(tmp)
         for f in tmp.iterdir():
-            f.chmod(0o644)
+            if not f.is_symlink():
+                f.chmod(0o644)
         (tmp / COMPLETE).write_text("ok\n")
         if dest.exists():
             shutil.rmtree(dest)
@@ -239,11 +336,15 @@ def main() -> int:
                          "of random weights (also SPECD_TRAINED_MODELS=1)")
     ap.add_argument("--agent", action="store_true",
                     help="build the reasoning-format test model `agent` (train_agent.py)")
+    ap.add_argument("--tiktoken", action="store_true",
+                    help="build target-tiktoken (from target) only")
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
     args = ap.parse_args()
 
     root = models_dir()
     root.mkdir(parents=True, exist_ok=True)
+    if args.tiktoken:
+        return make_tiktoken(root, args.force)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if args.force and args.agent:
@@ -275,6 +376,20 @@ def main() -> int:
             names = list(RANDOM_MODELS)
     for name in names:
         print(root / name)
+    return 0
+
+
+def make_tiktoken(root: Path, force: bool) -> int:
+    """target-tiktoken has a lock of its own, so a training run holding the main lock for
+    an hour does not hold it up; target itself is built first when missing."""
+    if not (root / "target" / COMPLETE).exists():
+        subprocess.run([sys.executable, __file__], check=True, stdout=subprocess.DEVNULL)
+    dest = root / "target-tiktoken"
+    with open(root / ".lock-target-tiktoken", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if force or not tiktoken_current(dest, root / "target"):
+            install(dest, lambda out: build_tiktoken(root / "target", out))
+    print(dest)
     return 0
 
 

@@ -39,6 +39,8 @@ cleanup() {
   # So do the reasoning tests theirs (tests/common: reasoning_upstream).
   SPECD_VLLM_MODEL=agent SPECD_VLLM_SERVED_NAME=specd-agent-deepseek_r1 \
     bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  # So do the tiktoken-format tests (tests/tiktoken.rs: target-tiktoken by hub id).
+  SPECD_VLLM_MODEL=target-tiktoken bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }
 if [ -z "${SPECD_KEEP_UPSTREAM:-}" ]; then trap cleanup EXIT; fi
 echo "upstream: $UPSTREAM" >&2

@@ -20,6 +20,10 @@
 #   SPECD_VLLM_SERVED_NAME   served model name (default specd-$SPECD_VLLM_MODEL)
 #   SPECD_VLLM_START_TIMEOUT seconds to wait for /health (default 400)
 #   SPECD_VLLM_EXTRA_ARGS    extra arguments for the API server (word-split)
+#   SPECD_VLLM_HUB_ID        serve the model by this hub id (ORG/NAME) instead of its path:
+#                            the model folder is laid out as a Hugging Face cache snapshot
+#                            under the state folder, vLLM gets HF_HUB_CACHE, and start
+#                            prints `HF_HUB_CACHE=DIR` before `UPSTREAM=`
 #   SPECD_PYTHON             interpreter for the venv (default python3, needs >= 3.10)
 set -euo pipefail
 
@@ -34,6 +38,9 @@ MODELS=${SPECD_MODELS_DIR:-$CACHE/models}
 VENV=${SPECD_VLLM_VENV:-$CACHE/vllm-venv}
 MODEL=${SPECD_VLLM_MODEL:-target}
 SERVED=${SPECD_VLLM_SERVED_NAME:-specd-$MODEL}
+HUB_ID=${SPECD_VLLM_HUB_ID:-}
+# What the state folder records as the served model: a reused server must match it.
+MODEL_KEY=$MODEL${HUB_ID:+ (hub id $HUB_ID)}
 START_TIMEOUT=${SPECD_VLLM_START_TIMEOUT:-400}
 PYTHON=${SPECD_PYTHON:-python3}
 RUN_ROOT=$CACHE/run
@@ -109,6 +116,9 @@ ensure_model() {
     elif [[ $MODEL == agent ]]; then
         # The reasoning-format model (scripts/train_agent.py, ~1.5 min on one core).
         args+=(--agent)
+    elif [[ $MODEL == *-tiktoken ]]; then
+        # Rebuilt when its source's tokenizer (or the class) changes, which it checks.
+        args+=(--tiktoken)
     elif [[ -f $MODELS/$MODEL/.specd-complete ]]; then
         return 0
     fi
@@ -154,9 +164,26 @@ free_port() {
     "$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# The model folder as the hub library caches a download: models--ORG--NAME/snapshots/REV
+# (its files linked, not copied) and refs/main naming REV.
+hub_layout() {
+    local repo=$STATE/hub/models--${HUB_ID//\//--} rev=local f
+    rm -rf "$repo"
+    mkdir -p "$repo/snapshots/$rev" "$repo/refs"
+    for f in "$MODELS/$MODEL"/*; do
+        ln -s "$f" "$repo/snapshots/$rev/$(basename "$f")"
+    done
+    printf %s "$rev" >"$repo/refs/main" # no newline: the hub library reads it verbatim
+}
+
 launch() {
-    local model_dir=$MODELS/$MODEL
+    local model_dir=$MODELS/$MODEL hub_env=()
     mkdir -p "$STATE/tmp" "$STATE/vllm-cache" "$STATE/inductor-cache"
+    if [[ -n $HUB_ID ]]; then
+        hub_layout
+        model_dir=$HUB_ID
+        hub_env=(HF_HUB_CACHE="$STATE/hub")
+    fi
     PORT=$(free_port)
     local extra=()
     # shellcheck disable=SC2206
@@ -167,7 +194,7 @@ launch() {
     VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} \
         HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
         TMPDIR=$STATE/tmp VLLM_CACHE_ROOT=$STATE/vllm-cache \
-        TORCHINDUCTOR_CACHE_DIR=$STATE/inductor-cache \
+        TORCHINDUCTOR_CACHE_DIR=$STATE/inductor-cache env "${hub_env[@]}" \
         setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
         --model "$model_dir" --served-model-name "$SERVED" \
         --host 127.0.0.1 --port "$PORT" --max-model-len 2048 \
@@ -176,7 +203,7 @@ launch() {
     PID=$!
     echo "$PID" >"$STATE/pid"
     echo "$PORT" >"$STATE/port"
-    echo "$MODEL" >"$STATE/model"
+    echo "$MODEL_KEY" >"$STATE/model"
     echo "${SPECD_VLLM_EXTRA_ARGS:-}" >"$STATE/args"
 }
 
@@ -199,7 +226,7 @@ cmd_start() {
     mkdir -p "$STATE"
     lock 9 "$STATE/lock"
     if healthy; then
-        if [[ $(cat "$STATE/model" 2>/dev/null) != "$MODEL" ]]; then
+        if [[ $(cat "$STATE/model" 2>/dev/null) != "$MODEL_KEY" ]]; then
             die "$SERVED is already served from model $(cat "$STATE/model"); stop it first"
         fi
         # A server started with other arguments (say bf16 where the caller asks for
@@ -208,6 +235,7 @@ cmd_start() {
         running=$(cat "$STATE/args" 2>/dev/null || true)
         if [[ $running == "${SPECD_VLLM_EXTRA_ARGS:-}" ]]; then
             log "reusing running vLLM (pid $PID)"
+            print_hub
             echo "UPSTREAM=http://127.0.0.1:$PORT"
             return 0
         fi
@@ -222,6 +250,7 @@ cmd_start() {
         wait_healthy || rc=$?
         if ((rc == 0)); then
             log "vLLM healthy after $((SECONDS - started)) s"
+            print_hub
             echo "UPSTREAM=http://127.0.0.1:$PORT"
             return 0
         fi
@@ -236,6 +265,10 @@ cmd_start() {
     tail -n 40 "$STATE/log" >&2 || true
     stop_server
     exit 1
+}
+
+print_hub() {
+    if [[ -n $HUB_ID ]]; then echo "HF_HUB_CACHE=$STATE/hub"; fi
 }
 
 cmd_stop() {

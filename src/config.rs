@@ -182,8 +182,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_CONTROLLER_WATCH_EVERY", default_value_t = 8, value_parser = at_least_one)]
     pub controller_watch_every: usize,
 
-    /// tokenizer.json (or a directory holding it) of the upstream's model. Default: the
-    /// model directory the upstream reports, when it is readable here.
+    /// tokenizer.json or tiktoken.model (or a directory holding either) of the upstream's
+    /// model. Default: the model directory the upstream reports, when it is readable here.
     #[arg(long, env = "SPECD_TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
 

@@ -52,9 +52,9 @@ pub fn snapshot(cache: &Path, hub_id: &str) -> Option<PathBuf> {
         .max_by_key(|d| d.metadata().and_then(|m| m.modified()).ok())
 }
 
-/// Tokenizer files specd can load: `tokenizer.json`.
+/// Tokenizer files specd can load: `tokenizer.json`, or the tiktoken format's ranks.
 pub fn has_tokenizer(dir: &Path) -> bool {
-    dir.join("tokenizer.json").is_file()
+    dir.join("tokenizer.json").is_file() || super::tiktoken::is_tiktoken_dir(dir)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! generated ids (equal to the upstream's own text for the same ids), and stop strings.
 
 pub mod locate;
+pub mod tiktoken;
 
 use std::path::{Path, PathBuf};
 
@@ -10,10 +11,12 @@ use tokenizers::Tokenizer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("no tokenizer.json at {0}")]
+    #[error("no tokenizer.json (nor tiktoken.model) at {0}")]
     Missing(PathBuf),
     #[error("cannot load tokenizer {0}: {1}")]
     Load(PathBuf, String),
+    #[error(transparent)]
+    Tiktoken(#[from] tiktoken::TiktokenError),
 }
 
 /// The upstream model's tokenizer plus the ids that end generation, split the way vLLM
@@ -28,13 +31,19 @@ pub struct ModelTokenizer {
     /// `clean_up_tokenization_spaces` of tokenizer_config.json: a whole-text decode on the
     /// server side (its `/detokenize`) then differs from the streamed text by design.
     pub clean_up_spaces: bool,
+    /// The upstream decodes with a Python tokenizer class (the tiktoken format). vLLM's
+    /// streamed text then puts a space between an added token it keeps and its neighbours
+    /// (`spaces_between_special_tokens`), which specd does not reproduce: requests that
+    /// keep special tokens pass through.
+    pub spaced_specials: bool,
 }
 
 impl ModelTokenizer {
-    /// Load from a `tokenizer.json` file or a model directory holding one; EOS ids come
+    /// Load from a `tokenizer.json` file or a model directory holding one, else from the
+    /// directory's tiktoken files (`tokenizer.json` absent, as Kimi-K2 ships); EOS ids come
     /// from `generation_config.json` / `config.json` / `tokenizer_config.json` beside it.
     pub fn load(path: &Path) -> Result<Self, TokenError> {
-        let (file, dir) = if path.is_dir() {
+        let (mut file, dir) = if path.is_dir() {
             (path.join("tokenizer.json"), path.to_path_buf())
         } else {
             (
@@ -42,11 +51,25 @@ impl ModelTokenizer {
                 path.parent().map(Path::to_path_buf).unwrap_or_default(),
             )
         };
-        if !file.is_file() {
+        let tiktoken_file = file.file_name() == Some(tiktoken::RANKS_FILE.as_ref());
+        let mut spaced_specials = false;
+        let tokenizer = if file.is_file() && !tiktoken_file {
+            Tokenizer::from_file(&file)
+                .map_err(|e| TokenError::Load(file.clone(), e.to_string()))?
+        } else if tiktoken::is_tiktoken_dir(&dir) {
+            let (tok, settings) = tiktoken::load(&dir)?;
+            file = dir.join(tiktoken::RANKS_FILE);
+            spaced_specials = true;
+            tracing::info!(
+                path = %file.display(),
+                pattern_from = %settings.pattern_from.as_deref().map_or("Kimi-K2's default".into(), |p| p.display().to_string()),
+                reserved = settings.reserved,
+                "tokenizer in the tiktoken format"
+            );
+            tok
+        } else {
             return Err(TokenError::Missing(file));
-        }
-        let tokenizer = Tokenizer::from_file(&file)
-            .map_err(|e| TokenError::Load(file.clone(), e.to_string()))?;
+        };
         let config = read_json(&dir.join("tokenizer_config.json"));
         let clean_up_spaces = config
             .as_ref()
@@ -86,6 +109,7 @@ impl ModelTokenizer {
             vocab_size,
             path: file,
             clean_up_spaces,
+            spaced_specials,
         })
     }
 
@@ -98,6 +122,7 @@ impl ModelTokenizer {
             extra_eos_ids: Vec::new(),
             path: PathBuf::new(),
             clean_up_spaces: false,
+            spaced_specials: false,
         }
     }
 

@@ -172,8 +172,8 @@ impl ModelDrafter {
             .max_step_tokens
             .unwrap_or(if gpu { 2048 } else { 512 })
             .max(max_slots + 1);
-        let vocab_limit = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map(|t| t.get_vocab_size(true).min(config.vocab_size))
+        let vocab_limit = crate::tokens::ModelTokenizer::load(dir)
+            .map(|t| t.vocab_size.min(config.vocab_size))
             .unwrap_or(config.vocab_size) as u32;
         let worker_opts = WorkerOptions {
             stop_below: opts.stop_below,

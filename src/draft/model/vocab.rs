@@ -4,19 +4,19 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Compare the draft model's tokenizer (`draft_dir/tokenizer.json`) with the target's.
+/// Compare the draft model's tokenizer (tokenizer.json or the tiktoken format, in
+/// `draft_dir`) with the target's.
 pub fn check_tokenizer_compat(
     draft_dir: &Path,
     target: &tokenizers::Tokenizer,
 ) -> Result<(), String> {
-    let path = draft_dir.join("tokenizer.json");
-    let draft = tokenizers::Tokenizer::from_file(&path).map_err(|e| {
+    let draft = crate::tokens::ModelTokenizer::load(draft_dir).map_err(|e| {
         format!(
-            "cannot read the draft model's tokenizer {}: {e}",
-            path.display()
+            "cannot read the draft model's tokenizer in {}: {e}",
+            draft_dir.display()
         )
     })?;
-    compare_vocab(&draft.get_vocab(true), &target.get_vocab(true))
+    compare_vocab(&draft.tokenizer.get_vocab(true), &target.get_vocab(true))
 }
 
 /// Check that two token→id tables describe the same id→token mapping.

@@ -80,6 +80,15 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     let Some(tokenizer) = c.tokenizer.clone() else {
         return pass(Reason::NoTokenizer, gen);
     };
+    // Special tokens kept in the text, spaced the way a Python tokenizer class spaces them.
+    let spaced = gen
+        .body
+        .get("spaces_between_special_tokens")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    if tokenizer.spaced_specials && !gen.skip_special_tokens && spaced {
+        return pass(Reason::UnsupportedParam, gen);
+    }
     // The upstream may fill sampling defaults of its own, or apply what specd cannot.
     let chat = gen.endpoint == Endpoint::Chat;
     if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
