@@ -170,6 +170,16 @@ async fn ask(base: &str, body: &Value, stream: bool) -> (Answer, u64) {
     }
 }
 
+/// Whether a quiet repeat of the direct streamed request gives `want` (a few tries).
+async fn direct_again(up: &str, body: &Value, want: &Answer) -> bool {
+    for _ in 0..3 {
+        if ask(up, body, true).await.0 == *want {
+            return true;
+        }
+    }
+    false
+}
+
 /// Each conversation, streamed and not, in `on` and `auto`: mismatches (or answers
 /// without rounds), speculated answers that equalled direct, and whether vLLM's own
 /// streamed split differed from its whole one.
@@ -196,7 +206,19 @@ async fn compare(
             b["speculation"] = spec.clone();
             let (via, r) = ask(specd, &b, stream).await;
             let what = format!("{msgs:?} {max_tokens} {extra} stream {stream} {spec}");
-            if via != direct {
+            if via != direct
+                && stream
+                && extra.get("stop").is_some()
+                && direct_again(up, &body, &via).await
+            {
+                // vLLM's own streamed split with stop strings depends on how many tokens
+                // its output queue merged into one delta (more under load); specd's
+                // answer is one vLLM gives for this request.
+                equal += u32::from(r > 0);
+                if r == 0 {
+                    bad.push(format!("{what}: not speculated (rounds 0)"));
+                }
+            } else if via != direct {
                 bad.push(format!("{what}\n direct {direct:?}\n specd  {via:?}"));
             } else if r == 0 {
                 bad.push(format!("{what}: not speculated (rounds 0)"));
