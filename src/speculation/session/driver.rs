@@ -103,7 +103,11 @@ impl<'a> Driver<'a> {
         let req = self.draft_request(self.ctx.clone(), max_k);
         let deps = self.d;
         let set = deps.drafters.all();
-        let drafted = join_all(set.iter().map(|d| self.draft_with(d, req.clone()))).await;
+        // One drafter (the usual case) takes the request as it is: no copy of the context.
+        let drafted = match set {
+            [only] => vec![self.draft_with(only, req).await],
+            _ => join_all(set.iter().map(|d| self.draft_with(d, req.clone()))).await,
+        };
         self.outside += self.d.controller.now().saturating_duration_since(t);
         let mut all: Vec<_> = set.iter().map(|d| d.kind()).zip(drafted).collect();
         if all.len() == 1 {
