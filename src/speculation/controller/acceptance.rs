@@ -71,20 +71,27 @@ pub(super) struct AcceptanceModel {
 
 impl AcceptanceModel {
     /// A verified (or shadow-checked) proposal: the first `accepted` of `conf.len()` drafts
-    /// matched. Updates the drafter's calibration and the stream's residual.
+    /// matched, and (`resolved`) the next one did not — an unresolved check stopped early,
+    /// so only its matches are known. Updates the drafter's calibration and the stream's
+    /// residual.
     pub(super) fn observe(
         &self,
         r: &mut Residual,
         drafter: DrafterKind,
         conf: &[f32],
         accepted: usize,
+        resolved: bool,
     ) {
         let Ok(mut g) = self.drafters.lock() else {
             return;
         };
         let d = &mut g[drafter.index()];
         let (mut slow, mut fast) = (r.slow, r.fast);
-        for (i, &c) in conf.iter().enumerate().take(accepted + 1) {
+        for (i, &c) in conf
+            .iter()
+            .enumerate()
+            .take(accepted + usize::from(resolved))
+        {
             let ok = f64::from(u8::from(i < accepted));
             let base = d.calibrated(i, c);
             slow += RESIDUAL_SLOW * (ok - (base + slow).clamp(0.01, 0.99));

@@ -68,9 +68,14 @@ pub(super) struct Level {
 
 impl Level {
     /// T_dec as decisions use it: the low envelope once a relay segment was long enough
-    /// to feed it, else the mean of the short windows.
+    /// to feed it, else the mean of the short windows — never above that mean (a first
+    /// segment that caught a stall would otherwise set the envelope alone).
     pub(super) fn dec_cost(&self) -> f64 {
-        self.dec_low.get().unwrap_or(self.dec.v)
+        match self.dec_low.get() {
+            Some(low) if self.dec.n > 0 => low.min(self.dec.v),
+            Some(low) => low,
+            None => self.dec.v,
+        }
     }
     pub(super) fn has_ver(&self) -> bool {
         self.ver.iter().any(|e| e.n > 0)
@@ -184,10 +189,16 @@ pub(super) struct Costs {
 /// that high keeps streams relaying, so nothing else would correct it).
 const CONFIRMED: u32 = 8;
 
-/// The re-probe interval of a level's verify costs: shorter while they rest on few samples.
-fn verify_interval(ver: &[Ewma], interval: Duration) -> Duration {
-    let n: u32 = ver.iter().map(|e| e.n).sum();
+/// The re-probe interval of an estimate resting on `n` samples: shorter while they are few
+/// (one may have caught a stall, and a cost that looks high keeps streams in the mode that
+/// never measures it again).
+fn sample_interval(n: u32, interval: Duration) -> Duration {
     interval.mul_f64(f64::from(n.clamp(1, CONFIRMED)) / f64::from(CONFIRMED))
+}
+
+/// The re-probe interval of a level's verify costs.
+fn verify_interval(ver: &[Ewma], interval: Duration) -> Duration {
+    sample_interval(ver.iter().map(|e| e.n).sum(), interval)
 }
 
 /// How far a verify cost one probe interval old is trusted (by a relaying stream deciding
@@ -264,7 +275,14 @@ impl CostModel {
         now: Instant,
     ) -> Option<f64> {
         self.with_level(load, |l| {
-            l.dec.add(per_token, COST_ALPHA, now);
+            // One window that caught a stall must not make plain decoding look as slow as
+            // a verify: a sample counts for at most twice the estimate (a real rise in
+            // load still doubles it within a few windows).
+            let x = match l.dec.get() {
+                Some(v) => per_token.min(2.0 * v),
+                None => per_token,
+            };
+            l.dec.add(x, COST_ALPHA, now);
             l.dec_cost()
         })
     }
@@ -323,7 +341,7 @@ impl CostModel {
             dec,
             restart,
             ver,
-            dec_stale: g[dl].dec.stale(age, now),
+            dec_stale: g[dl].dec.stale(sample_interval(g[dl].dec.n, age), now),
             ver_staleness: staleness(&g[vl].ver, age, now),
         }
     }

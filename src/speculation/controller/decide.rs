@@ -20,6 +20,20 @@ fn horizon(remaining: usize, tokens_per_round: f64, streak: u32) -> f64 {
         .min(rounds_left)
         .max(1.0)
 }
+/// A K near `best` (within a quarter of `kp`, at least 1 away) to explore: measuring the
+/// neighbours keeps the verify costs around the best current, and a round far from it
+/// (K = 1 where 16 would be accepted) would cost much of what speculation gains.
+fn neighbour(rng: &mut fastrand::Rng, best: usize, kp: usize) -> usize {
+    let reach = (kp / 4).max(1);
+    let d = rng.usize(1..=reach);
+    let k = if best > d && (best + d > kp || rng.bool()) {
+        best - d
+    } else {
+        best + d
+    };
+    k.clamp(1, kp)
+}
+
 /// What a decision is made from: the load, the acceptance estimates of the proposal and
 /// the costs at that load.
 struct Inputs {
@@ -142,8 +156,7 @@ impl Controller {
             return Decision::Relay { probe: true };
         }
         if kp >= 2 && s.rng.f64() < self.cfg.explore {
-            let other = s.rng.usize(1..kp);
-            return Decision::Speculate(if other >= b.k { other + 1 } else { other });
+            return Decision::Speculate(neighbour(&mut s.rng, b.k, kp));
         }
         Decision::Speculate(b.k)
     }
@@ -160,6 +173,15 @@ impl Controller {
             Some(b) => b.tokens / b.time,
             None => expected_tokens(&x.p, x.p.len()),
         }
+    }
+
+    /// Would a round of this proposal pay if it slowed no other stream?
+    fn pays_alone(x: &Inputs) -> bool {
+        let Some(dec) = x.costs.dec else {
+            return false;
+        };
+        let alone = x.costs.best(&x.p, x.t_draft, 1, 0, 1);
+        alone.is_some_and(|b| b.tokens * dec > b.time)
     }
 
     /// Relaying: leave relay for a verify round of the returned K with this proposal?
@@ -189,9 +211,8 @@ impl Controller {
             return None;
         }
         let mut x = self.inputs(s, drafter, proposal, true, false);
-        if let (Some(r), Some(dec)) = (relay, x.costs.dec) {
-            let alone = x.costs.best(&x.p, x.t_draft, 1, 0, 1);
-            let willing = alone.is_some_and(|b| b.tokens * dec > b.time);
+        if let Some(r) = relay {
+            let willing = Self::pays_alone(&x);
             r.set_willing(willing);
             x = self.inputs(s, drafter, proposal, true, willing);
         }

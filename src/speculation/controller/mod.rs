@@ -127,7 +127,7 @@ use crate::metrics::Metrics;
 /// Largest K the estimates track (requests may ask for more; costs beyond are extrapolated).
 pub const K_TRACKED: usize = 16;
 /// Tokens a decode-cost probe relays before the stream may leave relay again.
-pub const PROBE_TOKENS: u32 = 8;
+pub const PROBE_TOKENS: u32 = 5;
 
 /// What a stream does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -382,8 +382,30 @@ impl Controller {
         conf: &[f32],
         accepted: usize,
     ) {
-        self.acceptance
-            .observe(&mut s.residual[drafter.index()], drafter, conf, accepted);
+        self.acceptance.observe(
+            &mut s.residual[drafter.index()],
+            drafter,
+            conf,
+            accepted,
+            true,
+        );
+    }
+
+    /// A shadow check stopped before it resolved: its first `matched` drafts matched.
+    pub fn observe_matches(
+        &self,
+        s: &mut StreamCtl,
+        drafter: DrafterKind,
+        conf: &[f32],
+        matched: usize,
+    ) {
+        self.acceptance.observe(
+            &mut s.residual[drafter.index()],
+            drafter,
+            conf,
+            matched,
+            false,
+        );
     }
 
     fn publish_speedup(&self, drafter: DrafterKind, speedup: f64) {

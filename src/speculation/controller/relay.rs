@@ -48,6 +48,7 @@ impl RelayTracker {
         shadow: Option<Proposal>,
         start: Instant,
     ) -> Self {
+        let relaying = ctl.relaying();
         RelayTracker {
             drafter,
             load: ctl.load(),
@@ -62,7 +63,7 @@ impl RelayTracker {
             since_draft: 0,
             shadow: shadow.filter(|p| !p.tokens.is_empty()).map(|p| (p, 0)),
             others: Vec::new(),
-            relaying: ctl.relaying(),
+            relaying,
         }
     }
 
@@ -147,8 +148,17 @@ impl RelayTracker {
             }
         }
         self.since_draft += 1;
-        if self.shadow.is_some() || self.since_draft < self.stride {
+        if self.since_draft < self.stride || self.relayed < self.min_tokens {
             return false;
+        }
+        // Drafts still matching are the best reason to leave relay: stop checking this
+        // proposal (its matches so far count) and let a fresh one decide.
+        if let Some((p, matched)) = self.shadow.take() {
+            if matched == 0 {
+                self.shadow = Some((p, matched));
+                return false;
+            }
+            ctl.observe_matches(s, self.drafter, &p.confidence, matched);
         }
         self.since_draft = 0;
         true

@@ -246,9 +246,9 @@ fn describe(r: &Result) -> String {
 
 /// The bounds as measured over this scenario set (see the controller's module
 /// documentation); the run is deterministic, so a change that makes any worse fails here.
-const BOUND_LOSE: f64 = 0.58;
-const BOUND_WIN: f64 = 0.60;
-const BOUND_SWITCH_TOKENS: f64 = 160.0;
+const BOUND_LOSE: f64 = 0.55;
+const BOUND_WIN: f64 = 0.62;
+const BOUND_SWITCH_TOKENS: f64 = 96.0;
 const BOUND_ZERO_STREAK: f64 = 48.0;
 const BOUND_RESUME_S: f64 = 1.0;
 const BOUND_DECODE_S: f64 = 12.0;
@@ -268,11 +268,17 @@ fn the_controller_keeps_its_guarantees_in_every_scenario() {
             n_lose += 1;
             ok_lose += usize::from(x >= 0.97);
             lose.min(x, r);
+            if x < 0.97 && std::env::var_os("SPECD_SIM_LIST").is_some() {
+                println!("A {x:.3} {}", describe(r));
+            }
         } else {
             let x = r.auto.rate / r.best_static.1;
             n_win += 1;
             ok_win += usize::from(x >= 0.95);
             win.min(x, r);
+            if x < 0.95 && std::env::var_os("SPECD_SIM_LIST").is_some() {
+                println!("B {x:.3} {}", describe(r));
+            }
             if let Some(s) = r.auto.resume_after_spike {
                 resume.max(s, r);
             }
@@ -398,4 +404,25 @@ fn auto_cap_measurement() {
             vs_best / n
         );
     }
+}
+
+/// One scenario of the set, traced (`SPECD_SIM_SEED=N SPECD_SIM_TRACE=1 cargo nextest run
+/// -p specd --lib --run-ignored only sim_trace --no-capture`).
+#[test]
+#[ignore = "a diagnostic, not a check"]
+fn sim_trace() {
+    let seed: u64 = std::env::var("SPECD_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(142);
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("specd=debug")
+        .with_test_writer()
+        .without_time()
+        .try_init();
+    let Some(sc) = scenarios().into_iter().find(|s| s.seed == seed) else {
+        return;
+    };
+    let r = evaluate(sc);
+    println!("{}", describe(&r));
 }

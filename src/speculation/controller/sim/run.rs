@@ -213,6 +213,17 @@ impl<'a> Sim<'a> {
             self.ctl
                 .plan_round(&mut r.ctl, mode, DRAFTER, &p, remaining as usize)
         };
+        if std::env::var_os("SPECD_SIM_TRACE").is_some() {
+            println!(
+                "{:8.1} ms g={} {:?}",
+                self.now()
+                    .saturating_duration_since(self.start)
+                    .as_secs_f64()
+                    * 1e3,
+                r.generated,
+                decision
+            );
+        }
         match decision {
             Decision::Speculate(k) => {
                 p.tokens.truncate(k);
@@ -429,6 +440,16 @@ impl Sim<'_> {
             };
         }
         for _ in 0..held {
+            if std::env::var_os("SPECD_SIM_TRACE").is_some() {
+                println!(
+                    "{:8.1} ms g={} relayed",
+                    self.now()
+                        .saturating_duration_since(self.start)
+                        .as_secs_f64()
+                        * 1e3,
+                    s.req.generated
+                );
+            }
             t.arrived(&self.ctl, self.now());
             let id = truth(s.req.generated);
             if !self.emit(s, 1, false) {
