@@ -231,6 +231,6 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
         metrics: st.metrics.clone(),
         controller: st.controller.clone(),
     };
-    let rx = session::spawn(params, deps);
+    let rx = session::start(params, deps);
     Ok(respond::respond(st, &gen, model, tokenizer, reasoning, rx).await)
 }

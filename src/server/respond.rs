@@ -11,7 +11,6 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
 
 use super::observe::{route_label, Outcome};
 use super::Shared;
@@ -20,7 +19,7 @@ use crate::metrics::labels::StreamMode;
 use crate::speculation::output::{self, new_id, Shape};
 use crate::speculation::reasoning::Reasoning;
 use crate::speculation::request::{Endpoint, GenRequest};
-use crate::speculation::session::Event;
+use crate::speculation::session::{Event, Events};
 use crate::tokens::ModelTokenizer;
 
 pub async fn respond(
@@ -29,7 +28,7 @@ pub async fn respond(
     model: String,
     tokenizer: Arc<ModelTokenizer>,
     reasoning: Option<Reasoning>,
-    mut rx: mpsc::Receiver<Event>,
+    mut rx: Events,
 ) -> Response {
     let path = match gen.endpoint {
         Endpoint::Completions => "/v1/completions",
@@ -78,7 +77,7 @@ pub async fn respond(
 async fn full_response(
     shape: Shape,
     first: Event,
-    mut rx: mpsc::Receiver<Event>,
+    mut rx: Events,
     mut outcome: Outcome,
 ) -> Response {
     let mut text = String::new();
@@ -129,7 +128,7 @@ async fn full_response(
 struct StreamState {
     shape: Shape,
     include_usage: bool,
-    rx: mpsc::Receiver<Event>,
+    rx: Events,
     pending: Option<Event>,
     first_chunk: bool,
     offset: usize,
@@ -149,7 +148,7 @@ fn stream_response(
     shape: Shape,
     include_usage: bool,
     first: Event,
-    rx: mpsc::Receiver<Event>,
+    rx: Events,
     outcome: Outcome,
 ) -> Response {
     let state = StreamState {

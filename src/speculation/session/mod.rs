@@ -12,6 +12,9 @@
 //! stream's state and the steps rounds and relays share), `round.rs` (one speculation
 //! round), `relay.rs` (one relay segment); this file runs the loop between them.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use tokio::sync::mpsc;
@@ -28,26 +31,72 @@ use relay::{RelayEnd, RelayPlan};
 use round::Round;
 
 use crate::config::SpecMode;
-use crate::draft::Proposal;
+use crate::draft::{DraftSet, Proposal};
 use crate::error::ApiError;
 use crate::speculation::controller::Watched;
 use crate::speculation::generation::{Finish, Generation, Limits};
 use crate::tokens::Detokenizer;
 
-/// Start the loop on its own task; the receiver yields its events.
-pub fn spawn(p: SessionParams, d: SessionDeps) -> mpsc::Receiver<Event> {
+/// Start the loop; its events are read from the returned `Events`.
+pub fn start(p: SessionParams, d: SessionDeps) -> Events {
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        let drafters = d.drafters.clone();
-        let stream = p.stream;
-        let closed = tx.clone();
-        tokio::select! {
-            _ = run(p, d, tx) => {}
-            _ = closed.closed() => {}
+    let finish = (d.drafters.clone(), p.stream);
+    Events {
+        rx,
+        run: Some(Box::pin(run(p, d, tx))),
+        finish: Some(finish),
+    }
+}
+
+/// A running loop and its events. The loop has no task of its own: it runs while its
+/// reader polls for the next event (the response body, polled by the client connection's
+/// task), so a relayed token is not handed from one task to another on its way to the
+/// client. Dropping it (the client went away) drops the loop and any upstream call in
+/// flight, which closes its connection: the upstream aborts the request.
+pub struct Events {
+    rx: mpsc::Receiver<Event>,
+    run: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    finish: Option<(DraftSet, u64)>,
+}
+
+impl Events {
+    /// The next event; `None` once the loop ended and every event was read.
+    pub async fn recv(&mut self) -> Option<Event> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        loop {
+            if let Poll::Ready(ev) = self.rx.poll_recv(cx) {
+                return Poll::Ready(ev);
+            }
+            let Some(run) = self.run.as_mut() else {
+                return Poll::Pending;
+            };
+            match run.as_mut().poll(cx) {
+                // Ended: its sender is gone, so the channel yields what is left, then None.
+                Poll::Ready(()) => self.run = None,
+                // Waiting on the upstream or a drafter: hand on what it sent meanwhile.
+                Poll::Pending => {
+                    return match self.rx.try_recv() {
+                        Ok(ev) => Poll::Ready(Some(ev)),
+                        Err(mpsc::error::TryRecvError::Empty) => Poll::Pending,
+                        Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
+                    };
+                }
+            }
         }
-        drafters.finish(stream);
-    });
-    rx
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        // The loop first: it may still hold the drafters' state of this stream.
+        self.run = None;
+        if let Some((drafters, stream)) = self.finish.take() {
+            drafters.finish(stream);
+        }
+    }
 }
 
 enum State {

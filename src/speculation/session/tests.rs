@@ -207,7 +207,7 @@ async fn run_session(s: Setup) -> Run {
         metrics: metrics.clone(),
         controller: s.controller,
     };
-    let mut rx = spawn(params, deps);
+    let mut rx = start(params, deps);
     let mut tokens = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
