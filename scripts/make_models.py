@@ -8,6 +8,7 @@ tokenizer is trained on the Python standard library that ships with the interpre
     python scripts/make_models.py            # random-weight target/ and draft/
     python scripts/make_models.py --trained  # trained target-trained/ and draft-trained/
     python scripts/make_models.py --agent    # agent/: <think> tokens, for reasoning parsers
+    python scripts/make_models.py --agent-tools  # agent-tools/: hermes tool calls
     python scripts/make_models.py --tiktoken # target-tiktoken/: target/ in the tiktoken format
 
 Models land in ${SPECD_MODELS_DIR:-~/.cache/specd/models}/<name>/, each with
@@ -336,6 +337,8 @@ def main() -> int:
                          "of random weights (also SPECD_TRAINED_MODELS=1)")
     ap.add_argument("--agent", action="store_true",
                     help="build the reasoning-format test model `agent` (train_agent.py)")
+    ap.add_argument("--agent-tools", action="store_true",
+                    help="build the tool-calling test model `agent-tools` (train_tools.py)")
     ap.add_argument("--tiktoken", action="store_true",
                     help="build target-tiktoken (from target) only")
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
@@ -345,6 +348,8 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     if args.tiktoken:
         return make_tiktoken(root, args.force)
+    if args.agent_tools:
+        return make_agent_tools(root, args.force)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if args.force and args.agent:
@@ -389,6 +394,26 @@ def make_tiktoken(root: Path, force: bool) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if force or not tiktoken_current(dest, root / "target"):
             install(dest, lambda out: build_tiktoken(root / "target", out))
+    print(dest)
+    return 0
+
+
+def make_agent_tools(root: Path, force: bool) -> int:
+    """agent-tools has a lock of its own too (only the shared tokenizer is built under
+    the main lock, when missing)."""
+    if not (root / "tokenizer" / COMPLETE).exists():
+        with open(root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            ensure_tokenizer(root)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import train_tools
+
+    dest = root / train_tools.NAME
+    with open(root / ".lock-agent-tools", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if force and dest.exists():
+            shutil.rmtree(dest)
+        train_tools.ensure_agent_tools(root, root / "tokenizer")
     print(dest)
     return 0
 

@@ -27,6 +27,7 @@ fn shape(endpoint: Endpoint, want_logprobs: bool) -> Shape {
         tokens_as_ids: false,
         tokenizer: Arc::new(ModelTokenizer::from_tokenizer(tokenizer)),
         reasoning: None,
+        tools: None,
     }
 }
 
@@ -83,18 +84,18 @@ fn whole_responses() {
 fn chunks_and_usage_chunk() {
     let s = shape(Endpoint::Chat, false);
     assert_eq!(
-        to_value(&s.chunk("", None, None, None, true)),
+        to_value(&s.chunk("", Parsed::default(), None, None, true)),
         json!({"id": "id-1", "object": "chat.completion.chunk", "created": 7, "model": "m",
             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                          "logprobs": null, "finish_reason": null, "stop_reason": null}]})
     );
     assert_eq!(
-        to_value(&s.chunk("a", None, None, None, false))["choices"][0]["delta"],
+        to_value(&s.chunk("a", Parsed::default(), None, None, false))["choices"][0]["delta"],
         json!({"content": "a"})
     );
     let s = shape(Endpoint::Completions, false);
     assert_eq!(
-        to_value(&s.chunk("a", None, None, Some(&Finish::length()), false)),
+        to_value(&s.chunk("a", Parsed::default(), None, Some(&Finish::length()), false)),
         json!({"id": "id-1", "object": "text_completion", "created": 7, "model": "m",
             "choices": [{"index": 0, "text": "a", "logprobs": null, "finish_reason": "length",
                          "stop_reason": null}]})
@@ -164,12 +165,12 @@ fn reasoning_fields_as_vllm_writes_them() {
         content: String::new(),
         closed: false,
     };
-    let chunk = to_value(&s.chunk("r", Some(&split), None, None, false));
+    let chunk = to_value(&s.chunk("r", parsed(&split), None, None, false));
     assert_eq!(chunk["choices"][0]["delta"], json!({"reasoning": "r"}));
     // A last chunk with nothing to add (the EOS step) is an empty delta of its side.
     split.reasoning.clear();
     let last = |split: &Split| {
-        to_value(&s.chunk("", Some(split), None, Some(&finish), false))["choices"][0]["delta"]
+        to_value(&s.chunk("", parsed(split), None, Some(&finish), false))["choices"][0]["delta"]
             .clone()
     };
     assert_eq!(last(&split), json!({"reasoning": ""}));
@@ -181,4 +182,11 @@ fn reasoning_fields_as_vllm_writes_them() {
         json!({"reasoning_tokens": 2})
     );
     assert!(usage["usage"].get("prompt_tokens_details").is_none());
+}
+
+fn parsed(split: &Split) -> Parsed<'_> {
+    Parsed {
+        split: Some(split),
+        calls: None,
+    }
 }
