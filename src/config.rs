@@ -494,7 +494,10 @@ mod tests {
         );
         assert_eq!(
             p(&["--tool-call-parser", "kimi_k2"]),
-            Ok((Some(ToolCallParserArg::Unimplemented("kimi_k2".into())), false))
+            Ok((
+                Some(ToolCallParserArg::Unimplemented("kimi_k2".into())),
+                false
+            ))
         );
         assert!(p(&["--tool-call-parser", " "]).is_err());
     }

@@ -19,9 +19,9 @@ use crate::error::ApiError;
 use crate::metrics::labels::StreamMode;
 use crate::speculation::output::{self, new_id, Parsed, Shape};
 use crate::speculation::reasoning::Reasoning;
-use crate::speculation::tools::Tools;
 use crate::speculation::request::{Endpoint, GenRequest};
 use crate::speculation::session::Event;
+use crate::speculation::tools::Tools;
 use crate::tokens::ModelTokenizer;
 
 pub async fn respond(

@@ -8,6 +8,6 @@ pub mod limits;
 pub mod output;
 pub mod policy;
 pub mod reasoning;
-pub mod tools;
 pub mod request;
 pub mod session;
+pub mod tools;

@@ -12,9 +12,8 @@ use super::session::Stats;
 use super::tools::{self, ToolPiece, Tools};
 use crate::protocol::response::{
     ChatChoice, ChatChunkChoice, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
-    CompletionDetails, CompletionLogprobs, Delta, Envelope, Finished, FunctionCall,
-    FunctionDelta, Logprobs, Message, SpeculationUsage, TokenLogprob, ToolCall, ToolCallDelta,
-    Usage,
+    CompletionDetails, CompletionLogprobs, Delta, Envelope, Finished, FunctionCall, FunctionDelta,
+    Logprobs, Message, SpeculationUsage, TokenLogprob, ToolCall, ToolCallDelta, Usage,
 };
 use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::Sample;

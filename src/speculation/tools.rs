@@ -174,13 +174,10 @@ impl ToolStream {
     }
 }
 
-/// vLLM's tool call ids (`make_tool_call_id`): random, so a direct answer's differ too.
+/// A tool call id shaped like vLLM's (`make_tool_call_id`: 16 random hex digits), which
+/// are random, so a direct answer's differ too.
 pub fn call_id() -> String {
-    format!(
-        "chatcmpl-tool-{:016x}{:016x}",
-        fastrand::u64(..),
-        fastrand::u64(..)
-    )
+    format!("chatcmpl-tool-{:016x}", fastrand::u64(..))
 }
 
 #[cfg(test)]

