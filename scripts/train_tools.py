@@ -13,7 +13,7 @@ The model (Llama, hidden 128, 2 layers) trains in float32 on one thread for a fi
 number of steps on synthetic agent transcripts: a question, a tool call with JSON
 arguments (sometimes after a short preamble, sometimes two calls), the tool's result in
 the next turn, and a final answer that quotes it; questions no tool fits are answered
-directly. About four minutes on an idle core; deterministic for a machine type. Rebuilt
+directly. About six minutes on a shared core; deterministic for a machine type. Rebuilt
 when RECIPE changes.
 """
 

@@ -118,7 +118,7 @@ ensure_model() {
         # The reasoning-format model (scripts/train_agent.py, ~1.5 min on one core).
         args+=(--agent)
     elif [[ $MODEL == agent-tools ]]; then
-        # The tool-calling model (scripts/train_tools.py, ~4 min on one core).
+        # The tool-calling model (scripts/train_tools.py, ~6 min on one core).
         args+=(--agent-tools)
     elif [[ $MODEL == *-tiktoken ]]; then
         # Rebuilt when its source's tokenizer (or the class) changes, which it checks.
