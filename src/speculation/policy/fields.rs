@@ -166,7 +166,9 @@ fn tools_reason(body: &Map<String, Value>) -> Option<Reason> {
 /// of a shape specd understands.
 fn function_tool_strict(t: &Value) -> Option<bool> {
     let t = t.as_object()?;
-    if t.get("type").is_some_and(|v| v.as_str() != Some("function")) {
+    if t.get("type")
+        .is_some_and(|v| v.as_str() != Some("function"))
+    {
         return None;
     }
     let f = t.get("function")?.as_object()?;
