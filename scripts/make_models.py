@@ -36,6 +36,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 SEED = 1234
 VOCAB_SIZE = 4096
 BOS = "<|begin_of_text|>"
@@ -350,25 +352,17 @@ def main() -> int:
         return make_tiktoken(root, args.force)
     if args.agent_tools:
         return make_agent_tools(root, args.force)
+    if args.agent:
+        return make_agent(root, args.force)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if args.force and args.agent:
-            # Only the agent model: the others do not depend on it.
-            if (root / "agent").exists():
-                shutil.rmtree(root / "agent")
-        elif args.force:
+        if args.force:
             for name in ("tokenizer", "target", "draft", "target-trained", "draft-trained"):
                 if (root / name).exists() and (args.trained == name.endswith("-trained")
                                                 or name == "tokenizer"):
                     shutil.rmtree(root / name)
         tok_dir = ensure_tokenizer(root)
-        if args.agent:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            import train_agent
-
-            train_agent.ensure_agent(root, tok_dir)
-            names = [train_agent.NAME]
-        elif args.trained:
+        if args.trained:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             import train_models
 
@@ -398,22 +392,32 @@ def make_tiktoken(root: Path, force: bool) -> int:
     return 0
 
 
+def make_agent(root: Path, force: bool) -> int:
+    """The agent models have locks of their own, so a training run holding the main lock
+    for an hour does not hold them up (only the shared tokenizer is built under the main
+    lock, when missing)."""
+    import train_agent
+
+    return make_own(root, force, train_agent.NAME, train_agent.ensure_agent)
+
+
 def make_agent_tools(root: Path, force: bool) -> int:
-    """agent-tools has a lock of its own too (only the shared tokenizer is built under
-    the main lock, when missing)."""
+    import train_tools
+
+    return make_own(root, force, train_tools.NAME, train_tools.ensure_agent_tools)
+
+
+def make_own(root: Path, force: bool, name: str, ensure) -> int:
     if not (root / "tokenizer" / COMPLETE).exists():
         with open(root / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             ensure_tokenizer(root)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import train_tools
-
-    dest = root / train_tools.NAME
-    with open(root / ".lock-agent-tools", "w") as lock:
+    dest = root / name
+    with open(root / f".lock-{name}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if force and dest.exists():
             shutil.rmtree(dest)
-        train_tools.ensure_agent_tools(root, root / "tokenizer")
+        ensure(root, root / "tokenizer")
     print(dest)
     return 0
 
