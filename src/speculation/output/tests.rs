@@ -190,3 +190,83 @@ fn parsed(split: &Split) -> Parsed<'_> {
         calls: None,
     }
 }
+
+#[test]
+fn tool_calls_as_vllm_writes_them() {
+    use crate::config::ToolCallParser;
+    use crate::speculation::generation::FinishReason;
+    use crate::speculation::tools::{CallDelta, Choice, StreamDelta, ToolPiece, Tools};
+    let mut s = shape(Endpoint::Chat, false);
+    s.tools = Some(Tools {
+        parser: ToolCallParser::Hermes,
+        choice: Choice::Auto,
+    });
+    let stop = Finish {
+        reason: FinishReason::Stop,
+        stop_reason: json!(3),
+    };
+    let text = " \n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\":1}}\n</tool_call>";
+    let full = to_value(&s.full(text, None, &stop, &stats(), None));
+    let msg = &full["choices"][0]["message"];
+    assert_eq!(full["choices"][0]["finish_reason"], "tool_calls");
+    // Blank content beside calls is null; arguments are re-serialized as Python does.
+    assert_eq!(msg["content"], Value::Null);
+    assert_eq!(msg["tool_calls"][0]["type"], "function");
+    assert_eq!(
+        msg["tool_calls"][0]["function"],
+        json!({"name": "f", "arguments": "{\"x\": 1}"})
+    );
+    assert!(msg["tool_calls"][0]["id"]
+        .as_str()
+        .is_some_and(|id| id.len() == "chatcmpl-tool-".len() + 16));
+    // No calls: the text is content and the finish stays.
+    let plain = to_value(&s.full("hi", None, &stop, &stats(), None));
+    assert_eq!(plain["choices"][0]["finish_reason"], "stop");
+    assert_eq!(plain["choices"][0]["message"]["content"], "hi");
+
+    let piece = ToolPiece {
+        delta: StreamDelta {
+            content: None,
+            calls: vec![
+                CallDelta {
+                    index: 0,
+                    name: Some("f".into()),
+                    arguments: None,
+                },
+                CallDelta {
+                    index: 0,
+                    name: None,
+                    arguments: Some("{\"x\"".into()),
+                },
+            ],
+        },
+        called: true,
+    };
+    let calls = Parsed {
+        split: None,
+        calls: Some(&piece),
+    };
+    let chunk = to_value(&s.chunk("", calls, None, None, false));
+    let d = &chunk["choices"][0]["delta"];
+    assert_eq!(d["content"], Value::Null);
+    assert_eq!(d.as_object().map(|o| o.len()), Some(2), "{d}");
+    assert_eq!(d["tool_calls"][0]["function"], json!({"name": "f"}));
+    assert_eq!(
+        d["tool_calls"][1],
+        json!({"index": 0, "function": {"arguments": "{\"x\""}})
+    );
+    // The last chunk of a stream that sent a call: an empty delta, "tool_calls".
+    let end = ToolPiece {
+        delta: StreamDelta::default(),
+        called: true,
+    };
+    let last = Parsed {
+        split: None,
+        calls: Some(&end),
+    };
+    let chunk = to_value(&s.chunk("", last, None, Some(&stop), false));
+    assert_eq!(chunk["choices"][0]["delta"], json!({}));
+    assert_eq!(chunk["choices"][0]["finish_reason"], "tool_calls");
+    let chunk = to_value(&s.chunk("", last, None, Some(&Finish::length()), false));
+    assert_eq!(chunk["choices"][0]["finish_reason"], "length");
+}
