@@ -40,8 +40,10 @@ cleanup() {
   SPECD_VLLM_MODEL=agent SPECD_VLLM_SERVED_NAME=specd-agent-deepseek_r1 \
     bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   # So do the tool-call tests theirs (tests/common: tools_upstream).
-  SPECD_VLLM_MODEL=agent-tools SPECD_VLLM_SERVED_NAME=specd-agent-tools-hermes \
-    bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  for name in specd-agent-tools-hermes specd-agent-tools-hermes-deepseek_r1; do
+    SPECD_VLLM_MODEL=agent-tools SPECD_VLLM_SERVED_NAME=$name \
+      bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  done
   # So do the tiktoken-format tests (tests/tiktoken.rs: target-tiktoken by hub id).
   SPECD_VLLM_MODEL=target-tiktoken bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }

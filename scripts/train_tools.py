@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
-"""Train `agent-tools`: a tiny tool-calling model for specd's tool-call-parser tests.
+"""Train `agent-tools`: a tiny reasoning, tool-calling model for specd's tool-call-parser
+tests.
 
     python scripts/make_models.py --agent-tools
 
-The tokenizer is make_models.py's byte-level BPE plus `<tool_call>` and `</tool_call>` as
-added, non-special tokens (ids 4096 and 4097), as Hermes and Qwen2.5 models ship them.
-The chat template renders `tools` in a system turn, assistant `tool_calls` in the hermes
-format (`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`) and `tool`
-messages as turns of their own, so vLLM's `hermes` tool parser reads what it writes.
+The tokenizer is make_models.py's byte-level BPE plus `<think>`, `</think>` (ids 4096,
+4097), `<tool_call>` and `</tool_call>` (4098, 4099) as added, non-special tokens, as
+Qwen3 ships them. The chat template renders `tools` in a system turn, opens the assistant
+turn with `<think>\\n` as DeepSeek-R1's does (earlier turns lose their reasoning),
+renders assistant `tool_calls` in the hermes format
+(`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`) and `tool` messages as
+turns of their own, so vLLM's `deepseek_r1` reasoning parser and `hermes` tool parser
+read what it writes.
 
 The model (Llama, hidden 128, 2 layers) trains in float32 on one thread for a fixed
-number of steps on synthetic agent transcripts: a question, a tool call with JSON
-arguments (sometimes after a short preamble, sometimes two calls), the tool's result in
-the next turn, and a final answer that quotes it; questions no tool fits are answered
-directly. About six minutes on a shared core; deterministic for a machine type. Rebuilt
+number of steps on synthetic agent transcripts: a question, a short reasoning, a tool
+call with JSON arguments (sometimes after a short preamble, sometimes two calls), the
+tool's result in the next turn, and a reasoned final answer that quotes it; questions no
+tool fits are answered directly. About six minutes on a shared core; deterministic for a machine type. Rebuilt
 when RECIPE changes.
 """
 
@@ -33,6 +37,8 @@ import make_models as mm
 import train_models as tm
 
 NAME = "agent-tools"
+THINK_START = "<think>"
+THINK_END = "</think>"
 CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 SEED = 3141
@@ -47,8 +53,12 @@ CHAT_TEMPLATE = (
     "{{ 'Call a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>.<|im_end|>\\n' }}"
     "{% endif %}"
     "{% for message in messages %}"
+    "{% set content = message['content'] or '' %}"
+    "{% if message['role'] == 'assistant' and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip() %}"
+    "{% endif %}"
     "{% if message['role'] == 'assistant' and message['tool_calls'] %}"
-    "{{ '<|im_start|>assistant\\n' }}{{ message['content'] or '' }}"
+    "{{ '<|im_start|>assistant\\n' + content }}"
     "{% for tc in message['tool_calls'] %}"
     "{% set f = tc['function'] %}"
     "{% if not loop.first %}{{ '\\n' }}{% endif %}"
@@ -59,10 +69,10 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{{ '<|im_end|>\\n' }}"
     "{% else %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
     "{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
 )
 
 
@@ -90,7 +100,7 @@ RECIPE = {
                          tie_word_embeddings=True),
     "template": CHAT_TEMPLATE,
     "tools": TOOLS,
-    "data": 1,
+    "data": 2,
 }
 CITIES = "Paris Rome Oslo Lima Cairo Tokyo Quito Delhi Berlin Madrid".split()
 SKIES = "sunny cloudy rainy windy foggy".split()
@@ -102,13 +112,13 @@ log = mm.log
 
 
 def build_tokenizer(src: Path, out: Path) -> None:
-    """make_models' tokenizer with the two tool-call tokens added (not special)."""
+    """make_models' tokenizer with the think and tool-call tokens added (not special)."""
     from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer.from_file(str(src / "tokenizer.json"))
     tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t in (CALL_START, CALL_END)])
+                    for t in (THINK_START, THINK_END, CALL_START, CALL_END)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=mm.BOS, eos_token=mm.EOS,
                                    pad_token=mm.EOS, model_max_length=2048,
                                    clean_up_tokenization_spaces=False)
@@ -119,8 +129,8 @@ def build_tokenizer(src: Path, out: Path) -> None:
     cfg.update(chat_template=CHAT_TEMPLATE, add_bos_token=True,
                tokenizer_class="PreTrainedTokenizerFast")
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    ids = [tok.token_to_id(t) for t in (CALL_START, CALL_END)]
-    assert ids == [mm.VOCAB_SIZE, mm.VOCAB_SIZE + 1], ids
+    ids = [tok.token_to_id(t) for t in (THINK_START, THINK_END, CALL_START, CALL_END)]
+    assert ids == [mm.VOCAB_SIZE + i for i in range(4)], ids
 
 
 def call(name: str, args: dict) -> dict:
@@ -161,6 +171,28 @@ def task(rng: random.Random) -> tuple[str, list[dict], list[str], str] | tuple[s
     return (f"Spell {w} backwards.", w[::-1])
 
 
+def reasoning_for(msgs: list[dict]) -> str:
+    """The short reasoning before an assistant turn (after `msgs`)."""
+    if msgs[-1]["role"] == "tool":
+        return "The tool answered."
+    q = msgs[-1]["content"]
+    if "weather" in q:
+        return "The user asks about the weather."
+    if "plus" in q:
+        return "The add tool sums numbers."
+    if "notes" in q:
+        return "I should search the notes."
+    return "I can answer directly."
+
+
+def turn_text(m: dict) -> str:
+    """An assistant turn as the model writes it (the template's rendering of calls)."""
+    calls = [f'{CALL_START}\n{{"name": "{c["function"]["name"]}", "arguments": '
+             f'{json.dumps(c["function"]["arguments"], ensure_ascii=False)}}}\n{CALL_END}'
+             for c in m.get("tool_calls", [])]
+    return m["content"] + "\n".join(calls)
+
+
 def conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
     """One whole synthetic conversation and the tools it was given."""
     t = task(rng)
@@ -177,13 +209,25 @@ def conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
     return msgs, TOOLS
 
 
+def training_text(tok, msgs: list[dict], tools) -> str:
+    """Each assistant turn after the prompt the template renders for it, reasoning
+    first (the template drops the reasoning of earlier turns)."""
+    text = ""
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        prompt = tok.apply_chat_template(msgs[:k], tools=tools, tokenize=False,
+                                         add_generation_prompt=True)
+        text += f"{prompt}{reasoning_for(msgs[:k])}\n{THINK_END}\n\n{turn_text(m)}{mm.IM_END}\n"
+    return text
+
+
 def build_stream(tok, count: int) -> torch.Tensor:
     rng = random.Random(SEED)
     ids: list[int] = []
     for _ in range(count):
         msgs, tools = conversation(rng)
-        text = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
-        ids += tok(text, add_special_tokens=False)["input_ids"]
+        ids += tok(training_text(tok, msgs, tools), add_special_tokens=False)["input_ids"]
     return torch.tensor(ids, dtype=torch.int64)
 
 
@@ -233,7 +277,8 @@ def train(out: Path, tok_dir: Path) -> None:
 
 
 def check_format(out: Path, tok) -> None:
-    """Most tool questions must get a well-formed hermes call (what the tests rely on)."""
+    """Most tool questions must get a reasoning and a well-formed hermes call (what the
+    tests rely on)."""
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(str(out)).eval()
@@ -245,12 +290,12 @@ def check_format(out: Path, tok) -> None:
                                       add_generation_prompt=True, return_tensors="pt",
                                       return_dict=True)["input_ids"]
         with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=60, do_sample=False)[0, ids.shape[1]:]
+            gen = model.generate(ids, max_new_tokens=80, do_sample=False)[0, ids.shape[1]:]
         text = tok.decode(gen, skip_special_tokens=True)
         log(f"  {NAME} sample: {q!r} -> {text!r}")
         body = text.split(CALL_START, 1)[-1].split(CALL_END, 1)[0]
         try:
-            good += int(CALL_START in text and "name" in json.loads(body))
+            good += int(THINK_END in text and CALL_START in text and "name" in json.loads(body))
         except ValueError:
             pass
     assert good >= 3, f"only {good}/{len(questions)} samples made a tool call"

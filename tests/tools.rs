@@ -1,10 +1,10 @@
 //! Tool calls through specd, against a real vLLM started with `--enable-auto-tool-choice
-//! --tool-call-parser hermes` serving the `agent-tools` model (it really writes hermes
-//! calls, and answers that quote the tool results it is given): speculated chat answers
-//! must carry the same content, tool calls (names and arguments; ids are random on both
-//! sides), finish reason and usage as vLLM's direct ones, streamed and not, in modes
-//! `on` and `auto`. Grammar-constrained tool choices and parsers specd does not implement
-//! pass through.
+//! --tool-call-parser hermes` (alone, and with `--reasoning-parser deepseek_r1`) serving
+//! the `agent-tools` model (it really reasons, writes hermes calls, and answers quoting the
+//! tool results it is given): speculated chat answers must carry the same reasoning,
+//! content, tool calls (names and arguments; ids are random on both sides), finish reason
+//! and usage as vLLM's direct ones, streamed and not, in modes `on` and `auto`.
+//! Grammar-constrained tool choices and parsers specd does not implement pass through.
 
 mod common;
 
@@ -13,6 +13,7 @@ use futures_util::future::join_all;
 use serde_json::{json, Value};
 
 const PARSER: &str = "hermes";
+const REASONING: &str = "deepseek_r1";
 
 async fn served_model(up: &str) -> String {
     let v: Value = client()
@@ -128,6 +129,7 @@ fn conversations() -> Vec<(Vec<Value>, u32, Value)> {
 /// What must match between a direct and a speculated answer (tool-call ids aside).
 #[derive(Debug, PartialEq)]
 struct Answer {
+    reasoning: Value,
     content: Value,
     /// Per call: (name, arguments, how many pieces carried an id of the right shape).
     calls: Vec<(Value, Value, usize)>,
@@ -153,6 +155,7 @@ fn whole(v: &Value) -> Answer {
         .cloned()
         .unwrap_or_default();
     Answer {
+        reasoning: c["message"]["reasoning"].clone(),
         content: c["message"]["content"].clone(),
         calls: calls
             .iter()
@@ -173,12 +176,13 @@ fn whole(v: &Value) -> Answer {
 
 /// A stream's concatenated content, its calls put together by index, finish and usage.
 fn streamed(events: &[Value]) -> Answer {
-    let mut content = String::new();
+    let (mut reasoning, mut content) = (String::new(), String::new());
     let mut calls: Vec<(Value, String, usize)> = Vec::new();
     let (mut last, mut usage) = (&Value::Null, &Value::Null);
     for e in events {
         if let Some(c) = e.pointer("/choices/0") {
             let d = &c["delta"];
+            reasoning.push_str(d["reasoning"].as_str().unwrap_or(""));
             content.push_str(d["content"].as_str().unwrap_or(""));
             for t in d["tool_calls"].as_array().into_iter().flatten() {
                 let i = t["index"].as_u64().unwrap_or(0) as usize;
@@ -202,6 +206,7 @@ fn streamed(events: &[Value]) -> Answer {
         }
     }
     Answer {
+        reasoning: reasoning.into(),
         content: content.into(),
         calls: calls
             .into_iter()
@@ -281,15 +286,13 @@ async fn compare(
     (bad, equal, calls)
 }
 
-#[tokio::test]
-async fn tool_calls_equal_direct_vllm() {
-    let up = tools_upstream(PARSER);
-    let args = ["--tool-call-parser", PARSER, "--enable-auto-tool-choice"];
-    let specd = Specd::start_ready(&up, &args).await;
+/// Every conversation against `up`, through a specd started with `args`.
+async fn all_equal_direct(up: &str, args: &[&str]) {
+    let specd = Specd::start_ready(up, args).await;
     let convs = conversations();
     let (mut bad, mut equal, mut with_calls) = (Vec::new(), 0, 0);
     for batch in convs.chunks(4) {
-        let runs = batch.iter().map(|c| compare(&up, &specd.url, c));
+        let runs = batch.iter().map(|c| compare(up, &specd.url, c));
         for (b, e, c) in join_all(runs).await {
             bad.extend(b);
             equal += e;
@@ -297,7 +300,7 @@ async fn tool_calls_equal_direct_vllm() {
         }
     }
     eprintln!(
-        "{equal} of {} speculated answers equalled direct vLLM ({} conversations, \
+        "{args:?}: {equal} of {} speculated answers equalled direct vLLM ({} conversations, \
          {with_calls} with tool calls)",
         convs.len() * 4,
         convs.len()
@@ -311,6 +314,29 @@ async fn tool_calls_equal_direct_vllm() {
     assert_eq!(equal as usize, convs.len() * 4);
     // The model must really call tools in many answers, or the test proves little.
     assert!(with_calls as usize >= convs.len() / 3, "{with_calls}");
+}
+
+#[tokio::test]
+async fn tool_calls_equal_direct_vllm() {
+    let up = tools_upstream(PARSER, None);
+    all_equal_direct(
+        &up,
+        &["--tool-call-parser", PARSER, "--enable-auto-tool-choice"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn tool_calls_after_reasoning_equal_direct_vllm() {
+    let up = tools_upstream(PARSER, Some(REASONING));
+    let args = [
+        "--tool-call-parser",
+        PARSER,
+        "--enable-auto-tool-choice",
+        "--reasoning-parser",
+        REASONING,
+    ];
+    all_equal_direct(&up, &args).await;
 }
 
 /// A chat through `specd` that must pass through under `reason`: its answer equals
@@ -332,7 +358,7 @@ async fn passes_through(up: &str, specd: &Specd, body: &Value, reason: &str) {
 
 #[tokio::test]
 async fn constrained_tool_choices_and_other_parsers_pass_through() {
-    let up = tools_upstream(PARSER);
+    let up = tools_upstream(PARSER, None);
     let model = served_model(&up).await;
     let base = json!({"model": model, "messages": [user("What is the weather in Oslo?")],
                       "tools": tools(), "max_tokens": 40, "temperature": 0});

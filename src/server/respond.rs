@@ -191,7 +191,8 @@ fn stream_response(
                 // A chunk whose text a parser dropped entirely (a lone think marker, text
                 // a tool parser holds back) is not sent, as vLLM sends none.
                 let visible = match (&split, &calls) {
-                    (_, Some(c)) => !c.delta.is_empty(),
+                    (Some(p), Some(c)) => !p.reasoning.is_empty() || !c.delta.is_empty(),
+                    (None, Some(c)) => !c.delta.is_empty(),
                     (Some(p), None) => !p.reasoning.is_empty() || !p.content.is_empty(),
                     (None, None) => !text.is_empty(),
                 };

@@ -131,11 +131,18 @@ impl<'t> Generation<'t> {
     /// when generation ends with it.
     fn release(&mut self, id: u32, text: &str, last: bool) {
         self.text.push_str(text);
+        // With both parsers, vLLM parses tool calls from the content once reasoning has
+        // ended (the step that ends it parses its content, none for a lone `</think>`).
+        let mut content = Some(text);
+        let mut step = Split::default();
         if let Some((splitter, split)) = &mut self.reasoning {
-            splitter.step(id, text, split);
+            splitter.step(id, text, &mut step);
+            split.reasoning.push_str(&step.reasoning);
+            split.content.push_str(&step.content);
+            content = splitter.is_closed().then_some(step.content.as_str());
         }
-        if let Some((stream, acc)) = &mut self.tools {
-            if let Some(d) = stream.step(text, last) {
+        if let (Some((stream, acc)), Some(c)) = (&mut self.tools, content) {
+            if let Some(d) = stream.step(c, last) {
                 acc.append(d);
             }
         }
@@ -213,11 +220,13 @@ impl<'t> Generation<'t> {
     pub fn flush(&mut self) {
         let rest = self.stops.flush();
         self.text.push_str(&rest);
+        let mut content = Some(rest.as_str());
         if let Some((splitter, split)) = &mut self.reasoning {
             splitter.held(&rest, split);
+            content = content.filter(|_| splitter.is_closed());
         }
-        if let Some((stream, acc)) = &mut self.tools {
-            if let Some(d) = stream.step(&rest, true) {
+        if let (Some((stream, acc)), Some(c)) = (&mut self.tools, content) {
+            if let Some(d) = stream.step(c, true) {
                 acc.append(d);
             }
         }

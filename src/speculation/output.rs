@@ -271,7 +271,21 @@ impl Shape {
     /// tool-call parser, if any.
     fn message<'a>(&self, text: &'a str) -> Message<'a> {
         if let Some(t) = &self.tools {
-            let e = t.extract(text);
+            // With a reasoning parser too, calls are read from the content only.
+            let (reasoning, content) = match &self.reasoning {
+                None => (None, Some(text.to_string())),
+                Some(r) => {
+                    let (reasoning, content) = r.split_full(text);
+                    (Some(reasoning), content)
+                }
+            };
+            let e = t.extract(content.as_deref().unwrap_or(""));
+            // No calls: the content as it was (null where the reasoning never closed).
+            let content = if e.calls.is_empty() {
+                content
+            } else {
+                e.content
+            };
             let tool_calls = e
                 .calls
                 .into_iter()
@@ -286,9 +300,9 @@ impl Shape {
                 .collect();
             return Message {
                 role: "assistant",
-                content: e.content.map(Cow::Owned),
+                content: content.map(Cow::Owned),
                 tool_calls,
-                reasoning: None,
+                reasoning,
             };
         }
         let (reasoning, content) = match &self.reasoning {
@@ -311,7 +325,14 @@ impl Shape {
 fn delta<'a>(text: &'a str, parsed: Parsed<'a>, first: bool, last: bool) -> Delta<'a> {
     let role = first.then_some("assistant");
     if let Some(c) = parsed.calls {
-        return tool_delta(role, &c.delta);
+        let mut d = tool_delta(role, &c.delta);
+        // With a reasoning parser too: the reasoning the chunk adds, and a last chunk
+        // that adds nothing while reasoning is open is an empty reasoning delta.
+        if let Some(s) = parsed.split {
+            let open_end = last && !s.closed && c.delta.is_empty();
+            d.reasoning = (!s.reasoning.is_empty() || open_end).then_some(s.reasoning.as_str());
+        }
+        return d;
     }
     let Some(s) = parsed.split else {
         return Delta {

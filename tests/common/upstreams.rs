@@ -88,18 +88,27 @@ pub fn reasoning_upstream(parser: &str) -> String {
 }
 
 /// URL of a real vLLM serving the `agent-tools` model (scripts/train_tools.py) in
-/// float32 with `--enable-auto-tool-choice --tool-call-parser PARSER`:
-/// `SPECD_TEST_TOOLS_UPSTREAM`, else started by scripts/vllm-cpu-upstream.sh as its own
-/// named server `specd-agent-tools-PARSER` (reused across test processes).
-pub fn tools_upstream(parser: &str) -> String {
-    if let Ok(u) = std::env::var("SPECD_TEST_TOOLS_UPSTREAM") {
+/// float32 with `--enable-auto-tool-choice --tool-call-parser PARSER` (and
+/// `--reasoning-parser REASONING` when given): `SPECD_TEST_TOOLS_UPSTREAM` (or
+/// `SPECD_TEST_TOOLS_REASONING_UPSTREAM` with a reasoning parser), else started by
+/// scripts/vllm-cpu-upstream.sh as its own named server `specd-agent-tools-PARSER`
+/// (`…-PARSER-REASONING`), reused across test processes.
+pub fn tools_upstream(parser: &str, reasoning: Option<&str>) -> String {
+    let var = match reasoning {
+        None => "SPECD_TEST_TOOLS_UPSTREAM",
+        Some(_) => "SPECD_TEST_TOOLS_REASONING_UPSTREAM",
+    };
+    if let Ok(u) = std::env::var(var) {
         return u;
     }
-    named_upstream(
-        "agent-tools",
-        &format!("specd-agent-tools-{parser}"),
-        &format!("--dtype float32 --enable-auto-tool-choice --tool-call-parser {parser}"),
-    )
+    let mut served = format!("specd-agent-tools-{parser}");
+    let mut extra =
+        format!("--dtype float32 --enable-auto-tool-choice --tool-call-parser {parser}");
+    if let Some(r) = reasoning {
+        served.push_str(&format!("-{r}"));
+        extra.push_str(&format!(" --reasoning-parser {r}"));
+    }
+    named_upstream("agent-tools", &served, &extra)
 }
 
 /// A vLLM of its own serving `model` as `served` with `extra` arguments, started once

@@ -270,3 +270,47 @@ fn tool_calls_as_vllm_writes_them() {
     let chunk = to_value(&s.chunk("", last, None, Some(&Finish::length()), false));
     assert_eq!(chunk["choices"][0]["finish_reason"], "length");
 }
+
+#[test]
+fn reasoning_with_tool_calls_as_vllm_writes_them() {
+    use crate::config::{ReasoningParser, ToolCallParser};
+    use crate::speculation::reasoning::{Reasoning, Split};
+    use crate::speculation::tools::{Choice, StreamDelta, ToolPiece, Tools};
+    let mut s = shape(Endpoint::Chat, false);
+    s.reasoning = Some(Reasoning::with_ids(ReasoningParser::DeepseekR1, 6, 7));
+    s.tools = Some(Tools {
+        parser: ToolCallParser::Hermes,
+        choice: Choice::Auto,
+    });
+    let stop = Finish {
+        reason: crate::speculation::generation::FinishReason::Stop,
+        stop_reason: json!(3),
+    };
+    // Calls are read from the content after the reasoning only.
+    let text = "r <tool_call>x</think>\n\n<tool_call>{\"name\": \"f\", \"arguments\": {}}";
+    let full = to_value(&s.full(text, None, &stop, &stats(), Some(0)));
+    let msg = &full["choices"][0]["message"];
+    assert_eq!(msg["reasoning"], "r <tool_call>x");
+    assert_eq!(msg["content"], Value::Null);
+    assert_eq!(msg["tool_calls"][0]["function"]["arguments"], "{}");
+    // Reasoning that never closed: content stays null, no calls.
+    let open = to_value(&s.full("r", None, &stop, &stats(), Some(0)));
+    assert_eq!(open["choices"][0]["message"]["content"], Value::Null);
+    assert_eq!(open["choices"][0]["finish_reason"], "stop");
+    // A last chunk that adds nothing: an empty reasoning delta while open, else `{}`.
+    let none = ToolPiece {
+        delta: StreamDelta::default(),
+        called: false,
+    };
+    let mut split = Split::default();
+    let last = |split: &Split| {
+        let parsed = Parsed {
+            split: Some(split),
+            calls: Some(&none),
+        };
+        to_value(&s.chunk("", parsed, None, Some(&stop), false))["choices"][0]["delta"].clone()
+    };
+    assert_eq!(last(&split), json!({"reasoning": ""}));
+    split.closed = true;
+    assert_eq!(last(&split), json!({}));
+}

@@ -115,8 +115,6 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     }
     let reasoning = match c.reasoning.filter(|_| chat) {
         None => None,
-        // Reasoning and tool parsing together are not reproduced yet.
-        Some(_) if tools.is_some() => return pass(Reason::Parser, gen),
         Some(arg) => match reasoning_for(arg, &tokenizer, &gen) {
             Some(r) => Some(r),
             None => return pass(Reason::Parser, gen),
