@@ -249,6 +249,16 @@ async fn ask(base: &str, body: &Value, stream: bool) -> (Answer, u64) {
     }
 }
 
+/// Whether a quiet repeat of the direct streamed request gives `want` (a few tries).
+async fn direct_again(up: &str, body: &Value, want: &Answer) -> bool {
+    for _ in 0..3 {
+        if ask(up, body, true).await.0 == *want {
+            return true;
+        }
+    }
+    false
+}
+
 /// Each conversation, streamed and not, in `on` and `auto`: mismatches (or answers
 /// without rounds), speculated answers that equalled direct, and whether the direct
 /// answer called a tool.
@@ -274,7 +284,13 @@ async fn compare(
             b["speculation"] = spec.clone();
             let (via, r) = ask(specd, &b, stream).await;
             let what = format!("{:?} {} {} stream {stream} {spec}", conv.0, conv.1, conv.2);
-            if via != direct {
+            // vLLM's own streamed split around stop strings depends on how many tokens
+            // its output queue merged into one delta (tests/reasoning.rs): an answer
+            // vLLM itself gives on a repeat counts as equal.
+            let quirk = || async {
+                stream && conv.2.get("stop").is_some() && direct_again(up, &body, &via).await
+            };
+            if via != direct && !quirk().await {
                 bad.push(format!("{what}\n direct {direct:?}\n specd  {via:?}"));
             } else if r == 0 {
                 bad.push(format!("{what}: not speculated (rounds 0)"));
