@@ -117,7 +117,8 @@ impl Tools {
             ToolCallParser::Hermes => hermes::extract(text),
         };
         // The serving layer: beside calls, blank content is null.
-        if !e.calls.is_empty() && e.content.as_deref().is_some_and(|c| c.trim().is_empty()) {
+        let blank = |c: &str| hermes::strip(c).is_empty();
+        if !e.calls.is_empty() && e.content.as_deref().is_some_and(blank) {
             e.content = None;
         }
         e

@@ -39,8 +39,7 @@ fn regions(text: &str) -> Vec<&str> {
         let body = pos + s + START.len();
         match text[body..].find(END) {
             Some(e) => {
-                let inner = &text[body..body + e];
-                out.push(if inner.is_empty() { "" } else { inner });
+                out.push(&text[body..body + e]);
                 pos = body + e + END.len();
             }
             None => {
@@ -70,7 +69,8 @@ fn is_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
-fn strip(s: &str) -> &str {
+/// Python's `str.strip()`.
+pub(super) fn strip(s: &str) -> &str {
     s.trim_matches(is_space)
 }
 
