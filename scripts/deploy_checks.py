@@ -109,6 +109,9 @@ def check_helm(path, reasoning, tool):
                 fail(f"specd {envname} is {env.get(envname)!r}, expected {want!r}")
         if tool and arg_value(args, "--model") and "--enable-auto-tool-choice" not in args:
             fail("a vLLM tool-call parser needs --enable-auto-tool-choice")
+        if tool and env.get("SPECD_ENABLE_AUTO_TOOL_CHOICE") != "true":
+            fail("specd is not told that the server's tool-call parser is enabled "
+                 "(SPECD_ENABLE_AUTO_TOOL_CHOICE)")
     else:  # standalone
         if not upstream.startswith("http"):
             fail(f"bad upstream {upstream}")

@@ -8,6 +8,7 @@ tokenizer is trained on the Python standard library that ships with the interpre
     python scripts/make_models.py            # random-weight target/ and draft/
     python scripts/make_models.py --trained  # trained target-trained/ and draft-trained/
     python scripts/make_models.py --agent    # agent/: <think> tokens, for reasoning parsers
+    python scripts/make_models.py --agent-tools  # agent-tools/: hermes tool calls
     python scripts/make_models.py --tiktoken # target-tiktoken/: target/ in the tiktoken format
 
 Models land in ${SPECD_MODELS_DIR:-~/.cache/specd/models}/<name>/, each with
@@ -34,6 +35,8 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SEED = 1234
 VOCAB_SIZE = 4096
@@ -336,6 +339,8 @@ def main() -> int:
                          "of random weights (also SPECD_TRAINED_MODELS=1)")
     ap.add_argument("--agent", action="store_true",
                     help="build the reasoning-format test model `agent` (train_agent.py)")
+    ap.add_argument("--agent-tools", action="store_true",
+                    help="build the tool-calling test model `agent-tools` (train_tools.py)")
     ap.add_argument("--tiktoken", action="store_true",
                     help="build target-tiktoken (from target) only")
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
@@ -345,25 +350,19 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     if args.tiktoken:
         return make_tiktoken(root, args.force)
+    if args.agent_tools:
+        return make_agent_tools(root, args.force)
+    if args.agent:
+        return make_agent(root, args.force)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if args.force and args.agent:
-            # Only the agent model: the others do not depend on it.
-            if (root / "agent").exists():
-                shutil.rmtree(root / "agent")
-        elif args.force:
+        if args.force:
             for name in ("tokenizer", "target", "draft", "target-trained", "draft-trained"):
                 if (root / name).exists() and (args.trained == name.endswith("-trained")
                                                 or name == "tokenizer"):
                     shutil.rmtree(root / name)
         tok_dir = ensure_tokenizer(root)
-        if args.agent:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            import train_agent
-
-            train_agent.ensure_agent(root, tok_dir)
-            names = [train_agent.NAME]
-        elif args.trained:
+        if args.trained:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             import train_models
 
@@ -389,6 +388,36 @@ def make_tiktoken(root: Path, force: bool) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if force or not tiktoken_current(dest, root / "target"):
             install(dest, lambda out: build_tiktoken(root / "target", out))
+    print(dest)
+    return 0
+
+
+def make_agent(root: Path, force: bool) -> int:
+    """The agent models have locks of their own, so a training run holding the main lock
+    for an hour does not hold them up (only the shared tokenizer is built under the main
+    lock, when missing)."""
+    import train_agent
+
+    return make_own(root, force, train_agent.NAME, train_agent.ensure_agent)
+
+
+def make_agent_tools(root: Path, force: bool) -> int:
+    import train_tools
+
+    return make_own(root, force, train_tools.NAME, train_tools.ensure_agent_tools)
+
+
+def make_own(root: Path, force: bool, name: str, ensure) -> int:
+    if not (root / "tokenizer" / COMPLETE).exists():
+        with open(root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            ensure_tokenizer(root)
+    dest = root / name
+    with open(root / f".lock-{name}", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if force and dest.exists():
+            shutil.rmtree(dest)
+        ensure(root, root / "tokenizer")
     print(dest)
     return 0
 

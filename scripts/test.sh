@@ -39,6 +39,11 @@ cleanup() {
   # So do the reasoning tests theirs (tests/common: reasoning_upstream).
   SPECD_VLLM_MODEL=agent SPECD_VLLM_SERVED_NAME=specd-agent-deepseek_r1 \
     bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  # So do the tool-call tests theirs (tests/common: tools_upstream).
+  for name in specd-agent-tools-hermes specd-agent-tools-hermes-deepseek_r1; do
+    SPECD_VLLM_MODEL=agent-tools SPECD_VLLM_SERVED_NAME=$name \
+      bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  done
   # So do the tiktoken-format tests (tests/tiktoken.rs: target-tiktoken by hub id).
   SPECD_VLLM_MODEL=target-tiktoken bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }
@@ -51,6 +56,9 @@ export SPECD_REQUIRE_TRAINED=1
 
 step "reasoning-format model (scripts/train_agent.py; ~1.5 min the first time, then cached)"
 SPECD_VLLM_MODEL=agent bash scripts/vllm-cpu-upstream.sh install >&2
+
+step "tool-calling model (scripts/train_tools.py; ~6 min the first time, then cached)"
+SPECD_VLLM_MODEL=agent-tools bash scripts/vllm-cpu-upstream.sh install >&2
 
 step "Rust tests (unit + integration against the real vLLM)"
 # The draft-model test compares with transformers from the vLLM venv: never skip it here.

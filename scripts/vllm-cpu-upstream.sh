@@ -16,7 +16,8 @@
 #   SPECD_MODELS_DIR         model folder (default $SPECD_CACHE_DIR/models)
 #   SPECD_VLLM_VENV          venv path (default $SPECD_CACHE_DIR/vllm-venv)
 #   SPECD_VLLM_MODEL         model folder name under the models dir (default target;
-#                            *-trained: the trained pair; agent: the reasoning-format model)
+#                            *-trained: the trained pair; agent: the reasoning-format model;
+#                            agent-tools: the tool-calling model)
 #   SPECD_VLLM_SERVED_NAME   served model name (default specd-$SPECD_VLLM_MODEL)
 #   SPECD_VLLM_START_TIMEOUT seconds to wait for /health (default 400)
 #   SPECD_VLLM_EXTRA_ARGS    extra arguments for the API server (word-split)
@@ -116,6 +117,9 @@ ensure_model() {
     elif [[ $MODEL == agent ]]; then
         # The reasoning-format model (scripts/train_agent.py, ~1.5 min on one core).
         args+=(--agent)
+    elif [[ $MODEL == agent-tools ]]; then
+        # The tool-calling model (scripts/train_tools.py, ~6 min on one core).
+        args+=(--agent-tools)
     elif [[ $MODEL == *-tiktoken ]]; then
         # Rebuilt when its source's tokenizer (or the class) changes, which it checks.
         args+=(--tiktoken)

@@ -91,6 +91,44 @@ fn reasoning_parser(s: &str) -> Result<ReasoningParserArg, String> {
         ))
 }
 
+/// A tool-call parser specd reproduces, by vLLM's name for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCallParser {
+    Hermes,
+}
+
+impl ToolCallParser {
+    pub const ALL: [ToolCallParser; 1] = [ToolCallParser::Hermes];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolCallParser::Hermes => "hermes",
+        }
+    }
+}
+
+/// `--tool-call-parser`: one specd implements, or another name (whose chat answers with
+/// tools pass through).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolCallParserArg {
+    Known(ToolCallParser),
+    Unimplemented(String),
+}
+
+fn tool_call_parser(s: &str) -> Result<ToolCallParserArg, String> {
+    let name = s.trim();
+    if name.is_empty() {
+        return Err("the parser name is empty".into());
+    }
+    Ok(ToolCallParser::ALL
+        .into_iter()
+        .find(|p| p.as_str() == name)
+        .map_or_else(
+            || ToolCallParserArg::Unimplemented(name.to_string()),
+            ToolCallParserArg::Known,
+        ))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -255,6 +293,19 @@ pub struct ServeArgs {
     #[arg(long, env = "SPECD_REASONING_PARSER", value_parser = reasoning_parser)]
     pub reasoning_parser: Option<ReasoningParserArg>,
 
+    /// The upstream's `--tool-call-parser` (vLLM does not report it). With
+    /// `--enable-auto-tool-choice`, chat answers are parsed for tool calls as that parser
+    /// reads them, and requests with `tools` and `tool_choice` `auto` or `none` are
+    /// speculated. specd implements `hermes`; with any other name, chat completions pass
+    /// through.
+    #[arg(long, env = "SPECD_TOOL_CALL_PARSER", value_parser = tool_call_parser)]
+    pub tool_call_parser: Option<ToolCallParserArg>,
+
+    /// The upstream runs with `--enable-auto-tool-choice`: its tool-call parser is active
+    /// (without it vLLM parses no tool calls, and requests with `tools` pass through).
+    #[arg(long, env = "SPECD_ENABLE_AUTO_TOOL_CHOICE", default_value_t = false)]
+    pub enable_auto_tool_choice: bool,
+
     /// Enable the `oracle` and `adversarial` drafters, which take the expected tokens from
     /// the request. For tests only.
     #[arg(long, env = "SPECD_ENABLE_TEST_DRAFTERS", default_value_t = false)]
@@ -410,6 +461,8 @@ mod tests {
         }
         let ok = parse(&["--verify-timeout", "2.5", "--drain-timeout", "0"]).expect("valid");
         assert_eq!(ok.reasoning_parser, None);
+        assert_eq!(ok.tool_call_parser, None);
+        assert!(!ok.enable_auto_tool_choice);
         assert_eq!(ok.verify_timeout().as_secs_f64(), 2.5);
     }
 
@@ -429,5 +482,23 @@ mod tests {
             p("kimi_k2"),
             Ok(Some(ReasoningParserArg::Unimplemented("kimi_k2".into())))
         );
+    }
+
+    #[test]
+    fn tool_call_parser_names() {
+        use super::{ToolCallParser, ToolCallParserArg};
+        let p = |v: &[&str]| parse(v).map(|a| (a.tool_call_parser, a.enable_auto_tool_choice));
+        assert_eq!(
+            p(&["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]),
+            Ok((Some(ToolCallParserArg::Known(ToolCallParser::Hermes)), true))
+        );
+        assert_eq!(
+            p(&["--tool-call-parser", "kimi_k2"]),
+            Ok((
+                Some(ToolCallParserArg::Unimplemented("kimi_k2".into())),
+                false
+            ))
+        );
+        assert!(p(&["--tool-call-parser", " "]).is_err());
     }
 }

@@ -39,6 +39,8 @@ pub enum PassthroughReason {
     LogitBias,
     Penalty,
     GuidedDecoding,
+    /// Chat with `tools` while specd knows of no tool-call parser it reproduces
+    /// (`--tool-call-parser` with `--enable-auto-tool-choice`).
     Tools,
     Echo,
     PromptLogprobs,
@@ -53,13 +55,21 @@ pub enum PassthroughReason {
     Lora,
     /// SGLang started with a reasoning or tool-call parser.
     ChatParsers,
-    /// vLLM's `--reasoning-parser` (as `--reasoning-parser` tells specd) is one specd does
-    /// not reproduce for this request.
+    /// vLLM's `--reasoning-parser` or `--tool-call-parser` (as specd's flags of those
+    /// names tell it) is one specd does not reproduce for this request.
     Parser,
+    /// `tool_choice: "required"`: the server constrains the output to a call.
+    ToolChoiceRequired,
+    /// `tool_choice` naming a function: the server constrains the output to its call.
+    ToolChoiceNamed,
+    /// A tool with `strict: true`: the server constrains the call to its schema.
+    StrictTools,
+    /// `parallel_tool_calls: false`: the server limits the output to one call.
+    SingleToolCall,
 }
 
 impl PassthroughReason {
-    pub const ALL: [PassthroughReason; 20] = [
+    pub const ALL: [PassthroughReason; 24] = [
         PassthroughReason::Disabled,
         PassthroughReason::NotPaying,
         PassthroughReason::UpstreamNotReady,
@@ -80,6 +90,10 @@ impl PassthroughReason {
         PassthroughReason::Lora,
         PassthroughReason::ChatParsers,
         PassthroughReason::Parser,
+        PassthroughReason::ToolChoiceRequired,
+        PassthroughReason::ToolChoiceNamed,
+        PassthroughReason::StrictTools,
+        PassthroughReason::SingleToolCall,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -103,6 +117,10 @@ impl PassthroughReason {
             PassthroughReason::Lora => "lora",
             PassthroughReason::ChatParsers => "chat_parsers",
             PassthroughReason::Parser => "parser",
+            PassthroughReason::ToolChoiceRequired => "tool_choice_required",
+            PassthroughReason::ToolChoiceNamed => "tool_choice_named",
+            PassthroughReason::StrictTools => "strict_tools",
+            PassthroughReason::SingleToolCall => "single_tool_call",
         }
     }
 }

@@ -50,17 +50,56 @@ pub struct ChatChunkChoice<'a> {
     pub finished: Finished,
 }
 
-/// A chat chunk's delta. Without a reasoning parser it always has `content`; with one,
-/// only the fields that chunk adds (as vLLM writes it: unset fields are left out).
+/// A chat chunk's delta. Without parsers it always has `content`; with one, only the
+/// fields that chunk adds (as vLLM writes it: unset fields are left out, and `content`
+/// is null beside tool calls that came without text).
 #[derive(Debug, Serialize)]
 pub struct Delta<'a> {
     /// The first chunk of a chat stream names the role.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub content: Option<&'a str>,
+    pub content: Option<Option<&'a str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A piece of a streamed tool call: the first names it (with its id and type), the
+/// others add argument text.
+#[derive(Debug, Serialize)]
+pub struct ToolCallDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub index: u32,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+/// A tool call of a whole chat answer.
+#[derive(Debug, Serialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -77,7 +116,8 @@ pub struct Message<'a> {
     pub role: &'static str,
     /// Null where a reasoning parser found no content.
     pub content: Option<Cow<'a, str>>,
-    pub tool_calls: [(); 0],
+    /// With a tool-call parser, the calls it found; else always empty.
+    pub tool_calls: Vec<ToolCall>,
     /// With a reasoning parser only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<String>,

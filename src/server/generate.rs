@@ -52,6 +52,12 @@ async fn handle(st: Shared, endpoint: Endpoint, req: Request) -> Response {
         backend: st.backend(),
         tokenizer: st.tokenizer(),
         reasoning: st.args.reasoning_parser.as_ref(),
+        // Without `--enable-auto-tool-choice`, vLLM runs no tool parser at all.
+        tools: st
+            .args
+            .tool_call_parser
+            .as_ref()
+            .filter(|_| st.args.enable_auto_tool_choice),
     };
     let resp = match policy::route(intake, &conditions) {
         Route::Passthrough { reason, body } => {
@@ -166,6 +172,7 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
         backend,
         tokenizer,
         reasoning,
+        tools,
     } = plan;
     // Calls made for this request carry the client's credentials, as a direct request would.
     let backend = parts
@@ -223,6 +230,7 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
         }),
         switch_every: gen.spec.switch_every,
         reasoning,
+        tools,
     };
     let deps = SessionDeps {
         backend,
@@ -232,5 +240,5 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
         controller: st.controller.clone(),
     };
     let rx = session::start(params, deps);
-    Ok(respond::respond(st, &gen, model, tokenizer, reasoning, rx).await)
+    Ok(respond::respond(st, &gen, model, tokenizer, (reasoning, tools), rx).await)
 }

@@ -16,10 +16,11 @@ use super::observe::{route_label, Outcome};
 use super::Shared;
 use crate::error::ApiError;
 use crate::metrics::labels::StreamMode;
-use crate::speculation::output::{self, new_id, Shape};
+use crate::speculation::output::{self, new_id, Parsed, Shape};
 use crate::speculation::reasoning::Reasoning;
 use crate::speculation::request::{Endpoint, GenRequest};
 use crate::speculation::session::{Event, Events};
+use crate::speculation::tools::Tools;
 use crate::tokens::ModelTokenizer;
 
 pub async fn respond(
@@ -27,7 +28,7 @@ pub async fn respond(
     gen: &GenRequest,
     model: String,
     tokenizer: Arc<ModelTokenizer>,
-    reasoning: Option<Reasoning>,
+    (reasoning, tools): (Option<Reasoning>, Option<Tools>),
     mut rx: Events,
 ) -> Response {
     let path = match gen.endpoint {
@@ -51,6 +52,7 @@ pub async fn respond(
         tokens_as_ids: gen.tokens_as_ids,
         tokenizer,
         reasoning,
+        tools,
     };
     let first = rx.recv().await;
     let first = match first {
@@ -168,7 +170,8 @@ fn stream_response(
         }
         let mut out: Vec<u8> = Vec::new();
         if s.first_chunk && s.shape.endpoint == Endpoint::Chat {
-            out.extend_from_slice(&sse(&s.shape.chunk("", None, None, None, true)));
+            let role = s.shape.chunk("", Parsed::default(), None, None, true);
+            out.extend_from_slice(&sse(&role));
             s.first_chunk = false;
         }
         let ev = match s.pending.take() {
@@ -180,18 +183,24 @@ fn stream_response(
                 text,
                 tokens,
                 split,
+                calls,
             }) => {
                 let lp = s.shape.logprobs(&tokens, &mut s.offset);
                 s.note_ids(&tokens);
-                // A chunk whose text a parser dropped entirely (a lone think marker) is
-                // not sent, as vLLM sends none.
-                let visible = split.as_ref().map_or(!text.is_empty(), |p| {
-                    !p.reasoning.is_empty() || !p.content.is_empty()
-                });
+                // A chunk whose text a parser dropped entirely (a lone think marker, text
+                // a tool parser holds back) is not sent, as vLLM sends none.
+                let visible = match (&split, &calls) {
+                    (Some(p), Some(c)) => !p.reasoning.is_empty() || !c.delta.is_empty(),
+                    (None, Some(c)) => !c.delta.is_empty(),
+                    (Some(p), None) => !p.reasoning.is_empty() || !p.content.is_empty(),
+                    (None, None) => !text.is_empty(),
+                };
                 if visible || lp.is_some() {
-                    let chunk = s
-                        .shape
-                        .chunk(&text, split.as_ref(), lp, None, s.first_chunk);
+                    let parsed = Parsed {
+                        split: split.as_ref(),
+                        calls: calls.as_ref(),
+                    };
+                    let chunk = s.shape.chunk(&text, parsed, lp, None, s.first_chunk);
                     out.extend_from_slice(&sse(&chunk));
                     s.first_chunk = false;
                 }
@@ -201,14 +210,19 @@ fn stream_response(
                 text,
                 tokens,
                 split,
+                calls,
                 finish,
                 stats,
             }) => {
                 let lp = s.shape.logprobs(&tokens, &mut s.offset);
                 s.note_ids(&tokens);
+                let parsed = Parsed {
+                    split: split.as_ref(),
+                    calls: calls.as_ref(),
+                };
                 out.extend_from_slice(&sse(&s.shape.chunk(
                     &text,
-                    split.as_ref(),
+                    parsed,
                     lp,
                     Some(&finish),
                     s.first_chunk,

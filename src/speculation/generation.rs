@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use super::reasoning::{Split, StreamSplit};
+use super::tools::{StreamDelta, ToolPiece, ToolStream};
 use crate::tokens::{Detokenizer, StopMatcher, StopOutcome};
 use crate::upstream::verify::Sample;
 
@@ -64,6 +65,9 @@ pub struct Generation<'t> {
     tokens: Vec<Sample>,
     /// With a reasoning parser: the same text, split as vLLM streams it.
     reasoning: Option<(StreamSplit, Split)>,
+    /// With a tool-call parser: what the text adds to content and calls, as vLLM parses
+    /// it step by step.
+    tools: Option<(ToolStream, StreamDelta)>,
 }
 
 /// What a generation released since the last `take`.
@@ -73,6 +77,8 @@ pub struct Piece {
     pub tokens: Vec<Sample>,
     /// `text` as reasoning and content (with a reasoning parser).
     pub split: Option<Split>,
+    /// What `text` adds to content and tool calls (with a tool-call parser).
+    pub calls: Option<ToolPiece>,
 }
 
 impl<'t> Generation<'t> {
@@ -86,12 +92,19 @@ impl<'t> Generation<'t> {
             text: String::new(),
             tokens: Vec::new(),
             reasoning: None,
+            tools: None,
         }
     }
 
     /// Split the released text as `splitter` does (a reasoning parser).
     pub fn with_reasoning(mut self, splitter: StreamSplit) -> Self {
         self.reasoning = Some((splitter, Split::default()));
+        self
+    }
+
+    /// Parse the released text for tool calls as `stream` does (a tool-call parser).
+    pub fn with_tools(mut self, stream: ToolStream) -> Self {
+        self.tools = Some((stream, StreamDelta::default()));
         self
     }
 
@@ -110,15 +123,28 @@ impl<'t> Generation<'t> {
         let id = s.id;
         let mut released = String::new();
         let finish = self.step(s, &mut released);
-        self.release(id, &released);
+        self.release(id, &released, finish.is_some());
         finish
     }
 
-    /// The text released with token `id` is one streaming step for the reasoning split.
-    fn release(&mut self, id: u32, text: &str) {
+    /// The text released with token `id` is one streaming step for the parsers; `last`
+    /// when generation ends with it.
+    fn release(&mut self, id: u32, text: &str, last: bool) {
         self.text.push_str(text);
+        // With both parsers, vLLM parses tool calls from the content once reasoning has
+        // ended (the step that ends it parses its content, none for a lone `</think>`).
+        let mut content = Some(text);
+        let mut step = Split::default();
         if let Some((splitter, split)) = &mut self.reasoning {
-            splitter.step(id, text, split);
+            splitter.step(id, text, &mut step);
+            split.reasoning.push_str(&step.reasoning);
+            split.content.push_str(&step.content);
+            content = splitter.is_closed().then_some(step.content.as_str());
+        }
+        if let (Some((stream, acc)), Some(c)) = (&mut self.tools, content) {
+            if let Some(d) = stream.step(c, last) {
+                acc.append(d);
+            }
         }
     }
 
@@ -183,6 +209,10 @@ impl<'t> Generation<'t> {
                 closed: splitter.is_closed(),
                 ..std::mem::take(split)
             }),
+            calls: self.tools.as_mut().map(|(stream, acc)| ToolPiece {
+                delta: std::mem::take(acc),
+                called: stream.called(),
+            }),
         }
     }
 
@@ -190,8 +220,15 @@ impl<'t> Generation<'t> {
     pub fn flush(&mut self) {
         let rest = self.stops.flush();
         self.text.push_str(&rest);
+        let mut content = Some(rest.as_str());
         if let Some((splitter, split)) = &mut self.reasoning {
             splitter.held(&rest, split);
+            content = content.filter(|_| splitter.is_closed());
+        }
+        if let (Some((stream, acc)), Some(c)) = (&mut self.tools, content) {
+            if let Some(d) = stream.step(c, true) {
+                acc.append(d);
+            }
         }
     }
 }
@@ -208,6 +245,10 @@ impl Generation<'_> {
         if let (Some(mut earlier), Some((_, split))) = (piece.split, self.reasoning.as_mut()) {
             earlier.append(std::mem::take(split));
             *split = earlier;
+        }
+        if let (Some(mut earlier), Some((_, acc))) = (piece.calls, self.tools.as_mut()) {
+            earlier.delta.append(std::mem::take(acc));
+            *acc = earlier.delta;
         }
     }
 }

@@ -10,3 +10,4 @@ pub mod policy;
 pub mod reasoning;
 pub mod request;
 pub mod session;
+pub mod tools;

@@ -9,10 +9,11 @@ use super::generation::Finish;
 use super::reasoning::{Reasoning, Split};
 use super::request::Endpoint;
 use super::session::Stats;
+use super::tools::{self, ToolPiece, Tools};
 use crate::protocol::response::{
     ChatChoice, ChatChunkChoice, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
-    CompletionDetails, CompletionLogprobs, Delta, Envelope, Finished, Logprobs, Message,
-    SpeculationUsage, TokenLogprob, Usage,
+    CompletionDetails, CompletionLogprobs, Delta, Envelope, Finished, FunctionCall, FunctionDelta,
+    Logprobs, Message, SpeculationUsage, TokenLogprob, ToolCall, ToolCallDelta, Usage,
 };
 use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::Sample;
@@ -27,6 +28,17 @@ pub struct Shape {
     pub tokenizer: std::sync::Arc<ModelTokenizer>,
     /// The upstream's reasoning parser (chat only).
     pub reasoning: Option<Reasoning>,
+    /// The upstream's tool-call parser (chat only).
+    pub tools: Option<Tools>,
+}
+
+/// A streamed chunk's text as the parsers read it.
+#[derive(Clone, Copy, Default)]
+pub struct Parsed<'a> {
+    /// As reasoning and content (a reasoning parser).
+    pub split: Option<&'a Split>,
+    /// As content and tool calls (a tool-call parser).
+    pub calls: Option<&'a ToolPiece>,
 }
 
 /// A chunk or response of either endpoint, ready to serialize.
@@ -162,16 +174,20 @@ impl Shape {
         self.reasoning.map(|r| r.reasoning_tokens(ids))
     }
 
-    /// One streamed chunk; `split` is `text` as reasoning and content (with a parser).
+    /// One streamed chunk; `parsed` is `text` as the parsers read it.
     pub fn chunk<'a>(
         &'a self,
         text: &'a str,
-        split: Option<&'a Split>,
+        parsed: Parsed<'a>,
         logprobs: Option<Logprobs>,
         finish: Option<&Finish>,
         first: bool,
     ) -> Body<'a> {
-        let finished = finished(finish);
+        let mut finished = finished(finish);
+        // vLLM: a stream that sent a call and stopped ends with "tool_calls".
+        if parsed.calls.is_some_and(|c| c.called) && finished.finish_reason == Some("stop") {
+            finished.finish_reason = Some("tool_calls");
+        }
         match self.endpoint {
             Endpoint::Completions => Body::Completion(self.envelope(
                 "text_completion",
@@ -187,7 +203,7 @@ impl Shape {
                 "chat.completion.chunk",
                 vec![ChatChunkChoice {
                     index: 0,
-                    delta: delta(text, split, first, finish.is_some()),
+                    delta: delta(text, parsed, first, finish.is_some()),
                     logprobs,
                     finished,
                 }],
@@ -215,7 +231,7 @@ impl Shape {
         stats: &Stats,
         reasoning_tokens: Option<u32>,
     ) -> Body<'a> {
-        let finished = finished(Some(finish));
+        let mut finished = finished(Some(finish));
         let usage = Some(usage(stats, false, reasoning_tokens));
         match self.endpoint {
             Endpoint::Completions => {
@@ -231,9 +247,14 @@ impl Shape {
                 Body::Completion(e)
             }
             Endpoint::Chat => {
+                let message = self.message(text);
+                // vLLM: an answer in which `auto` found calls ends with "tool_calls".
+                if !message.tool_calls.is_empty() {
+                    finished.finish_reason = Some("tool_calls");
+                }
                 let choice = ChatChoice {
                     index: 0,
-                    message: self.message(text),
+                    message,
                     logprobs,
                     finished,
                 };
@@ -246,8 +267,44 @@ impl Shape {
 }
 
 impl Shape {
-    /// A whole chat answer's message: split by the reasoning parser, if any.
+    /// A whole chat answer's message: split by the reasoning parser, or read by the
+    /// tool-call parser, if any.
     fn message<'a>(&self, text: &'a str) -> Message<'a> {
+        if let Some(t) = &self.tools {
+            // With a reasoning parser too, calls are read from the content only.
+            let (reasoning, content) = match &self.reasoning {
+                None => (None, Some(text.to_string())),
+                Some(r) => {
+                    let (reasoning, content) = r.split_full(text);
+                    (Some(reasoning), content)
+                }
+            };
+            let e = t.extract(content.as_deref().unwrap_or(""));
+            // No calls: the content as it was (null where the reasoning never closed).
+            let content = if e.calls.is_empty() {
+                content
+            } else {
+                e.content
+            };
+            let tool_calls = e
+                .calls
+                .into_iter()
+                .map(|c| ToolCall {
+                    id: tools::call_id(),
+                    kind: "function",
+                    function: FunctionCall {
+                        name: c.name,
+                        arguments: c.arguments,
+                    },
+                })
+                .collect();
+            return Message {
+                role: "assistant",
+                content: content.map(Cow::Owned),
+                tool_calls,
+                reasoning,
+            };
+        }
         let (reasoning, content) = match &self.reasoning {
             None => (None, Some(Cow::Borrowed(text))),
             Some(r) => {
@@ -258,24 +315,35 @@ impl Shape {
         Message {
             role: "assistant",
             content,
-            tool_calls: [],
+            tool_calls: Vec::new(),
             reasoning,
         }
     }
 }
 
 /// A chat delta: all `text` as content, or (with a parser) the parts this chunk adds.
-/// A last chunk that adds nothing names the side it ends on with "" (vLLM's last step,
-/// the unrendered EOS, is an empty delta of that side).
-fn delta<'a>(text: &'a str, split: Option<&'a Split>, first: bool, last: bool) -> Delta<'a> {
+fn delta<'a>(text: &'a str, parsed: Parsed<'a>, first: bool, last: bool) -> Delta<'a> {
     let role = first.then_some("assistant");
-    let Some(s) = split else {
+    if let Some(c) = parsed.calls {
+        let mut d = tool_delta(role, &c.delta);
+        // With a reasoning parser too: the reasoning the chunk adds, and a last chunk
+        // that adds nothing while reasoning is open is an empty reasoning delta.
+        if let Some(s) = parsed.split {
+            let open_end = last && !s.closed && c.delta.is_empty();
+            d.reasoning = (!s.reasoning.is_empty() || open_end).then_some(s.reasoning.as_str());
+        }
+        return d;
+    }
+    let Some(s) = parsed.split else {
         return Delta {
             role,
-            content: Some(text),
+            content: Some(Some(text)),
             reasoning: None,
+            tool_calls: None,
         };
     };
+    // A last chunk that adds nothing names the side it ends on with "" (vLLM's last
+    // step, the unrendered EOS, is an empty delta of that side).
     let some = |t: &'a String| (!t.is_empty()).then_some(t.as_str());
     let (mut content, mut reasoning) = (some(&s.content), some(&s.reasoning));
     if last && content.is_none() && reasoning.is_none() {
@@ -287,8 +355,43 @@ fn delta<'a>(text: &'a str, split: Option<&'a Split>, first: bool, last: bool) -
     }
     Delta {
         role,
-        content,
+        content: content.map(Some),
         reasoning,
+        tool_calls: None,
+    }
+}
+
+/// A delta of a tool-call parser's steps: the content they add (null beside calls that
+/// came without any), and the call pieces, each started with a fresh id. Steps that add
+/// nothing are an empty delta (`{}`), as vLLM writes a step its parser held back.
+fn tool_delta<'a>(role: Option<&'static str>, d: &'a tools::StreamDelta) -> Delta<'a> {
+    if d.is_empty() {
+        // The first chunk of all is vLLM's role chunk with "" content.
+        return Delta {
+            role,
+            content: role.map(|_| Some("")),
+            reasoning: None,
+            tool_calls: None,
+        };
+    }
+    let calls: Vec<ToolCallDelta> = d
+        .calls
+        .iter()
+        .map(|c| ToolCallDelta {
+            id: c.name.as_ref().map(|_| tools::call_id()),
+            kind: c.name.as_ref().map(|_| "function"),
+            index: c.index,
+            function: FunctionDelta {
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            },
+        })
+        .collect();
+    Delta {
+        role,
+        content: Some(d.content.as_deref()),
+        reasoning: None,
+        tool_calls: (!calls.is_empty()).then_some(calls),
     }
 }
 

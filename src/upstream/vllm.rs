@@ -378,6 +378,8 @@ impl Backend for VllmBackend {
             "add_generation_prompt",
             "continue_final_message",
             "documents",
+            // The template renders the tools (vLLM's /tokenize takes them too).
+            "tools",
         ] {
             if let Some(v) = request.get(key) {
                 body.insert(key.into(), v.clone());

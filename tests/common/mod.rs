@@ -4,6 +4,9 @@
 #![allow(dead_code)]
 
 pub mod fault;
+mod upstreams;
+
+pub use upstreams::*;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -12,116 +15,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use specd::upstream::prom_text;
-
-/// URL of the real vLLM test upstream (`SPECD_TEST_UPSTREAM`, or started by the script).
-pub fn upstream() -> String {
-    static URL: OnceLock<String> = OnceLock::new();
-    URL.get_or_init(|| {
-        if let Ok(u) = std::env::var("SPECD_TEST_UPSTREAM") {
-            return u;
-        }
-        let root = env!("CARGO_MANIFEST_DIR");
-        let out = Command::new("bash")
-            .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
-            .arg("start")
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/vllm-cpu-upstream.sh");
-        assert!(out.status.success(), "the vLLM test upstream did not start");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        stdout
-            .lines()
-            .rev()
-            .find_map(|l| l.strip_prefix("UPSTREAM="))
-            .expect("script prints UPSTREAM=")
-            .trim()
-            .to_string()
-    })
-    .clone()
-}
-
-/// The test models' folder, as scripts/vllm-cpu-upstream.sh builds it: `SPECD_MODELS_DIR`,
-/// else `SPECD_CACHE_DIR`/models, else ~/.cache/specd/models.
-pub fn models_dir() -> std::path::PathBuf {
-    if let Some(d) = std::env::var_os("SPECD_MODELS_DIR") {
-        return d.into();
-    }
-    specd::config::cache_dir().join("models")
-}
-
-/// URL of the real SGLang test upstream (`SPECD_TEST_SGLANG_UPSTREAM`, or started by
-/// scripts/sglang-cpu-upstream.sh, which reuses a running instance).
-pub fn sglang_upstream() -> String {
-    static URL: OnceLock<String> = OnceLock::new();
-    URL.get_or_init(|| {
-        if let Ok(u) = std::env::var("SPECD_TEST_SGLANG_UPSTREAM") {
-            return u;
-        }
-        let root = env!("CARGO_MANIFEST_DIR");
-        let out = Command::new("bash")
-            .arg(format!("{root}/scripts/sglang-cpu-upstream.sh"))
-            .arg("start")
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/sglang-cpu-upstream.sh");
-        assert!(
-            out.status.success(),
-            "the SGLang test upstream did not start"
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        stdout
-            .lines()
-            .rev()
-            .find_map(|l| l.strip_prefix("UPSTREAM="))
-            .expect("script prints UPSTREAM=")
-            .trim()
-            .to_string()
-    })
-    .clone()
-}
-
-/// URL of a real vLLM serving the `agent` model (scripts/train_agent.py) in float32
-/// with `--reasoning-parser PARSER`: `SPECD_TEST_REASONING_UPSTREAM` (one server, for
-/// every parser a test asks for), else started by scripts/vllm-cpu-upstream.sh as its
-/// own named server `specd-agent-PARSER` (reused across test processes, ~100 s to start).
-pub fn reasoning_upstream(parser: &str) -> String {
-    static URLS: OnceLock<Mutex<std::collections::HashMap<String, String>>> = OnceLock::new();
-    if let Ok(u) = std::env::var("SPECD_TEST_REASONING_UPSTREAM") {
-        return u;
-    }
-    let urls = URLS.get_or_init(Default::default);
-    let mut urls = urls.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(u) = urls.get(parser) {
-        return u.clone();
-    }
-    let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new("bash")
-        .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
-        .arg("start")
-        .env("SPECD_VLLM_MODEL", "agent")
-        .env("SPECD_VLLM_SERVED_NAME", format!("specd-agent-{parser}"))
-        .env(
-            "SPECD_VLLM_EXTRA_ARGS",
-            format!("--dtype float32 --reasoning-parser {parser}"),
-        )
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run scripts/vllm-cpu-upstream.sh");
-    assert!(
-        out.status.success(),
-        "the {parser} vLLM upstream did not start"
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let url = stdout
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("UPSTREAM="))
-        .expect("script prints UPSTREAM=")
-        .trim()
-        .to_string();
-    urls.insert(parser.to_string(), url.clone());
-    url
-}
 
 /// Run specd with `args` until it exits (it must fail at start-up); its status and stderr.
 pub fn specd_fails(args: &[&str], timeout: Duration) -> (Option<i32>, String) {

@@ -27,6 +27,7 @@ fn shape(endpoint: Endpoint, want_logprobs: bool) -> Shape {
         tokens_as_ids: false,
         tokenizer: Arc::new(ModelTokenizer::from_tokenizer(tokenizer)),
         reasoning: None,
+        tools: None,
     }
 }
 
@@ -83,18 +84,18 @@ fn whole_responses() {
 fn chunks_and_usage_chunk() {
     let s = shape(Endpoint::Chat, false);
     assert_eq!(
-        to_value(&s.chunk("", None, None, None, true)),
+        to_value(&s.chunk("", Parsed::default(), None, None, true)),
         json!({"id": "id-1", "object": "chat.completion.chunk", "created": 7, "model": "m",
             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                          "logprobs": null, "finish_reason": null, "stop_reason": null}]})
     );
     assert_eq!(
-        to_value(&s.chunk("a", None, None, None, false))["choices"][0]["delta"],
+        to_value(&s.chunk("a", Parsed::default(), None, None, false))["choices"][0]["delta"],
         json!({"content": "a"})
     );
     let s = shape(Endpoint::Completions, false);
     assert_eq!(
-        to_value(&s.chunk("a", None, None, Some(&Finish::length()), false)),
+        to_value(&s.chunk("a", Parsed::default(), None, Some(&Finish::length()), false)),
         json!({"id": "id-1", "object": "text_completion", "created": 7, "model": "m",
             "choices": [{"index": 0, "text": "a", "logprobs": null, "finish_reason": "length",
                          "stop_reason": null}]})
@@ -164,12 +165,12 @@ fn reasoning_fields_as_vllm_writes_them() {
         content: String::new(),
         closed: false,
     };
-    let chunk = to_value(&s.chunk("r", Some(&split), None, None, false));
+    let chunk = to_value(&s.chunk("r", parsed(&split), None, None, false));
     assert_eq!(chunk["choices"][0]["delta"], json!({"reasoning": "r"}));
     // A last chunk with nothing to add (the EOS step) is an empty delta of its side.
     split.reasoning.clear();
     let last = |split: &Split| {
-        to_value(&s.chunk("", Some(split), None, Some(&finish), false))["choices"][0]["delta"]
+        to_value(&s.chunk("", parsed(split), None, Some(&finish), false))["choices"][0]["delta"]
             .clone()
     };
     assert_eq!(last(&split), json!({"reasoning": ""}));
@@ -181,4 +182,135 @@ fn reasoning_fields_as_vllm_writes_them() {
         json!({"reasoning_tokens": 2})
     );
     assert!(usage["usage"].get("prompt_tokens_details").is_none());
+}
+
+fn parsed(split: &Split) -> Parsed<'_> {
+    Parsed {
+        split: Some(split),
+        calls: None,
+    }
+}
+
+#[test]
+fn tool_calls_as_vllm_writes_them() {
+    use crate::config::ToolCallParser;
+    use crate::speculation::generation::FinishReason;
+    use crate::speculation::tools::{CallDelta, Choice, StreamDelta, ToolPiece, Tools};
+    let mut s = shape(Endpoint::Chat, false);
+    s.tools = Some(Tools {
+        parser: ToolCallParser::Hermes,
+        choice: Choice::Auto,
+    });
+    let stop = Finish {
+        reason: FinishReason::Stop,
+        stop_reason: json!(3),
+    };
+    let text = " \n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\":1}}\n</tool_call>";
+    let full = to_value(&s.full(text, None, &stop, &stats(), None));
+    let msg = &full["choices"][0]["message"];
+    assert_eq!(full["choices"][0]["finish_reason"], "tool_calls");
+    // Blank content beside calls is null; arguments are re-serialized as Python does.
+    assert_eq!(msg["content"], Value::Null);
+    assert_eq!(msg["tool_calls"][0]["type"], "function");
+    assert_eq!(
+        msg["tool_calls"][0]["function"],
+        json!({"name": "f", "arguments": "{\"x\": 1}"})
+    );
+    assert!(msg["tool_calls"][0]["id"]
+        .as_str()
+        .is_some_and(|id| id.len() == "chatcmpl-tool-".len() + 16));
+    // No calls: the text is content and the finish stays.
+    let plain = to_value(&s.full("hi", None, &stop, &stats(), None));
+    assert_eq!(plain["choices"][0]["finish_reason"], "stop");
+    assert_eq!(plain["choices"][0]["message"]["content"], "hi");
+
+    let piece = ToolPiece {
+        delta: StreamDelta {
+            content: None,
+            calls: vec![
+                CallDelta {
+                    index: 0,
+                    name: Some("f".into()),
+                    arguments: None,
+                },
+                CallDelta {
+                    index: 0,
+                    name: None,
+                    arguments: Some("{\"x\"".into()),
+                },
+            ],
+        },
+        called: true,
+    };
+    let calls = Parsed {
+        split: None,
+        calls: Some(&piece),
+    };
+    let chunk = to_value(&s.chunk("", calls, None, None, false));
+    let d = &chunk["choices"][0]["delta"];
+    assert_eq!(d["content"], Value::Null);
+    assert_eq!(d.as_object().map(|o| o.len()), Some(2), "{d}");
+    assert_eq!(d["tool_calls"][0]["function"], json!({"name": "f"}));
+    assert_eq!(
+        d["tool_calls"][1],
+        json!({"index": 0, "function": {"arguments": "{\"x\""}})
+    );
+    // The last chunk of a stream that sent a call: an empty delta, "tool_calls".
+    let end = ToolPiece {
+        delta: StreamDelta::default(),
+        called: true,
+    };
+    let last = Parsed {
+        split: None,
+        calls: Some(&end),
+    };
+    let chunk = to_value(&s.chunk("", last, None, Some(&stop), false));
+    assert_eq!(chunk["choices"][0]["delta"], json!({}));
+    assert_eq!(chunk["choices"][0]["finish_reason"], "tool_calls");
+    let chunk = to_value(&s.chunk("", last, None, Some(&Finish::length()), false));
+    assert_eq!(chunk["choices"][0]["finish_reason"], "length");
+}
+
+#[test]
+fn reasoning_with_tool_calls_as_vllm_writes_them() {
+    use crate::config::{ReasoningParser, ToolCallParser};
+    use crate::speculation::reasoning::{Reasoning, Split};
+    use crate::speculation::tools::{Choice, StreamDelta, ToolPiece, Tools};
+    let mut s = shape(Endpoint::Chat, false);
+    s.reasoning = Some(Reasoning::with_ids(ReasoningParser::DeepseekR1, 6, 7));
+    s.tools = Some(Tools {
+        parser: ToolCallParser::Hermes,
+        choice: Choice::Auto,
+    });
+    let stop = Finish {
+        reason: crate::speculation::generation::FinishReason::Stop,
+        stop_reason: json!(3),
+    };
+    // Calls are read from the content after the reasoning only.
+    let text = "r <tool_call>x</think>\n\n<tool_call>{\"name\": \"f\", \"arguments\": {}}";
+    let full = to_value(&s.full(text, None, &stop, &stats(), Some(0)));
+    let msg = &full["choices"][0]["message"];
+    assert_eq!(msg["reasoning"], "r <tool_call>x");
+    assert_eq!(msg["content"], Value::Null);
+    assert_eq!(msg["tool_calls"][0]["function"]["arguments"], "{}");
+    // Reasoning that never closed: content stays null, no calls.
+    let open = to_value(&s.full("r", None, &stop, &stats(), Some(0)));
+    assert_eq!(open["choices"][0]["message"]["content"], Value::Null);
+    assert_eq!(open["choices"][0]["finish_reason"], "stop");
+    // A last chunk that adds nothing: an empty reasoning delta while open, else `{}`.
+    let none = ToolPiece {
+        delta: StreamDelta::default(),
+        called: false,
+    };
+    let mut split = Split::default();
+    let last = |split: &Split| {
+        let parsed = Parsed {
+            split: Some(split),
+            calls: Some(&none),
+        };
+        to_value(&s.chunk("", parsed, None, Some(&stop), false))["choices"][0]["delta"].clone()
+    };
+    assert_eq!(last(&split), json!({"reasoning": ""}));
+    split.closed = true;
+    assert_eq!(last(&split), json!({}));
 }

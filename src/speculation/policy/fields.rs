@@ -117,19 +117,78 @@ pub fn request_reason(endpoint: Endpoint, body: &Map<String, Value>) -> Option<R
         .or_else(|| not_understood(body).then_some(Reason::UnsupportedParam))
 }
 
+/// `tools` with `tool_choice` `auto` (or unset) or `none` may be speculated (whether
+/// they are depends on the upstream's parser: `policy::route`). The rest is forwarded:
+/// choices the server enforces with a grammar under their own reasons, and values specd
+/// does not fully understand (vLLM refuses even an empty list) for the upstream to answer.
 fn tools_reason(body: &Map<String, Value>) -> Option<Reason> {
-    let tools = body.get("tools").filter(|t| !t.is_null());
-    if tools
-        .and_then(Value::as_array)
-        .is_some_and(|a| !a.is_empty())
-    {
-        return Some(Reason::Tools);
+    let choice = body.get("tool_choice");
+    let Some(tools) = body.get("tools").filter(|t| !t.is_null()) else {
+        // Without tools only "none" is valid.
+        let understood = choice.is_none_or(|c| c.is_null() || c.as_str() == Some("none"));
+        return (!understood).then_some(Reason::UnsupportedParam);
+    };
+    let Some(tools) = tools.as_array().filter(|a| !a.is_empty()) else {
+        return Some(Reason::UnsupportedParam);
+    };
+    let mut strict = false;
+    for t in tools {
+        strict |= match function_tool_strict(t) {
+            Some(s) => s,
+            None => return Some(Reason::UnsupportedParam),
+        };
     }
-    // `tools` that is not a list of tools (vLLM refuses even an empty one), or a
-    // `tool_choice` other than "none" without tools: the upstream's to answer.
-    let choice = body.get("tool_choice").filter(|c| !c.is_null());
-    let understood = tools.is_none() && choice.is_none_or(|c| c.as_str() == Some("none"));
-    (!understood).then_some(Reason::UnsupportedParam)
+    match choice {
+        // An explicit null is neither vLLM's "auto" default nor "none": its serving
+        // layer treats it inconsistently, so it is the upstream's.
+        Some(Value::Null) => return Some(Reason::UnsupportedParam),
+        None => {}
+        Some(Value::String(s)) if s == "auto" || s == "none" => {}
+        Some(Value::String(s)) if s == "required" => return Some(Reason::ToolChoiceRequired),
+        Some(Value::Object(_)) => return Some(Reason::ToolChoiceNamed),
+        Some(_) => return Some(Reason::UnsupportedParam),
+    }
+    if choice.and_then(Value::as_str) == Some("none") {
+        return None;
+    }
+    if strict {
+        return Some(Reason::StrictTools);
+    }
+    // `parallel_tool_calls: false` makes vLLM constrain the output to one call.
+    match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) | Some(Value::Bool(true)) => None,
+        Some(Value::Bool(false)) => Some(Reason::SingleToolCall),
+        Some(_) => Some(Reason::UnsupportedParam),
+    }
+}
+
+/// A function tool as vLLM reads one: its `strict` flag, or `None` where the tool is not
+/// of a shape specd understands.
+fn function_tool_strict(t: &Value) -> Option<bool> {
+    let t = t.as_object()?;
+    if t.get("type")
+        .is_some_and(|v| v.as_str() != Some("function"))
+    {
+        return None;
+    }
+    let f = t.get("function")?.as_object()?;
+    f.get("name")?.as_str()?;
+    match f.get("strict") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Some(false),
+        Some(Value::Bool(true)) => Some(true),
+        Some(_) => None,
+    }
+}
+
+/// The `tool_choice` of a request whose tools may be speculated (after
+/// [`request_reason`] found none to forward): `None` without tools.
+pub fn tool_choice(body: &Map<String, Value>) -> Option<crate::speculation::tools::Choice> {
+    use crate::speculation::tools::Choice;
+    body.get("tools").filter(|t| !t.is_null())?;
+    Some(match body.get("tool_choice").and_then(Value::as_str) {
+        Some("none") => Choice::None,
+        _ => Choice::Auto,
+    })
 }
 
 fn has_non_text_part(msg: &Value) -> bool {

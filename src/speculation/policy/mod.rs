@@ -15,7 +15,8 @@ pub mod fields;
 use super::controller::Controller;
 use super::reasoning::Reasoning;
 use super::request::{Endpoint, GenRequest, Intake};
-use crate::config::{ReasoningParserArg, SpecMode};
+use super::tools::{Choice, Tools};
+use crate::config::{ReasoningParserArg, SpecMode, ToolCallParserArg};
 use crate::metrics::labels::PassthroughReason as Reason;
 use crate::protocol::lax;
 use crate::tokens::ModelTokenizer;
@@ -30,6 +31,8 @@ pub struct Conditions<'a> {
     pub tokenizer: Option<Arc<ModelTokenizer>>,
     /// `--reasoning-parser`: how the upstream splits chat answers.
     pub reasoning: Option<&'a ReasoningParserArg>,
+    /// `--tool-call-parser`, when `--enable-auto-tool-choice` says the upstream uses it.
+    pub tools: Option<&'a ToolCallParserArg>,
 }
 
 /// A request to speculate, with what it needs.
@@ -40,6 +43,8 @@ pub struct Plan {
     pub tokenizer: Arc<ModelTokenizer>,
     /// The reasoning split of a chat answer, when the upstream runs a parser.
     pub reasoning: Option<Reasoning>,
+    /// How the upstream's tool-call parser reads a chat answer, when it runs one.
+    pub tools: Option<Tools>,
 }
 
 pub enum Route {
@@ -80,6 +85,25 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     let Some(tokenizer) = c.tokenizer.clone() else {
         return pass(Reason::NoTokenizer, gen);
     };
+    // The upstream may fill sampling defaults of its own, or apply what specd cannot.
+    let chat = gen.endpoint == Endpoint::Chat;
+    if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
+        return pass(reason, gen);
+    }
+    // Plain completions are never parsed by vLLM, whatever its parsers. The parsing is
+    // vLLM's: SGLang's parsers (and field names) are not reproduced.
+    let parsed = chat && (c.reasoning.is_some() || c.tools.is_some());
+    if parsed && backend.kind() != "vllm" {
+        return pass(Reason::Parser, gen);
+    }
+    let tools = match tools_for(c, chat, &gen) {
+        Ok(t) => t,
+        Err(reason) => return pass(reason, gen),
+    };
+    if tools.is_some_and(|t| t.choice == Choice::Auto) {
+        // vLLM's hermes parser keeps special tokens for tool calls (`adjust_request`).
+        gen.skip_special_tokens = false;
+    }
     // Special tokens kept in the text, spaced the way a Python tokenizer class spaces them.
     let spaced = gen
         .body
@@ -89,16 +113,8 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     if tokenizer.spaced_specials && !gen.skip_special_tokens && spaced {
         return pass(Reason::UnsupportedParam, gen);
     }
-    // The upstream may fill sampling defaults of its own, or apply what specd cannot.
-    let chat = gen.endpoint == Endpoint::Chat;
-    if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
-        return pass(reason, gen);
-    }
-    // Plain completions are never parsed by vLLM, whatever its parsers. The split is
-    // vLLM's: SGLang's parsers (and field names) are not reproduced.
     let reasoning = match c.reasoning.filter(|_| chat) {
         None => None,
-        Some(_) if backend.kind() != "vllm" => return pass(Reason::Parser, gen),
         Some(arg) => match reasoning_for(arg, &tokenizer, &gen) {
             Some(r) => Some(r),
             None => return pass(Reason::Parser, gen),
@@ -110,7 +126,28 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
         backend,
         tokenizer,
         reasoning,
+        tools,
     }))
+}
+
+/// The tool parsing of this request's answer (`None`: the upstream parses none), or why
+/// it must pass through: tools without a parser specd knows the upstream to run
+/// (vLLM's own answer, an error for `auto`, is the reference), or a parser specd does not
+/// implement (it shapes every chat answer, with tools or not).
+fn tools_for(c: &Conditions<'_>, chat: bool, gen: &GenRequest) -> Result<Option<Tools>, Reason> {
+    if !chat {
+        return Ok(None);
+    }
+    let choice = fields::tool_choice(&gen.body);
+    match (c.tools, choice) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(Reason::Tools),
+        (Some(ToolCallParserArg::Unimplemented(_)), _) => Err(Reason::Parser),
+        (Some(ToolCallParserArg::Known(parser)), choice) => Ok(Some(Tools {
+            parser: *parser,
+            choice: choice.unwrap_or(Choice::None),
+        })),
+    }
 }
 
 /// The split specd reproduces for this chat request; `None`: it must pass through (a

@@ -75,6 +75,8 @@ fn values_specd_does_not_understand_are_forwarded() {
         );
     }
     let msgs = json!([{"role": "user", "content": "hi"}]);
+    let f = json!({"type": "function", "function": {"name": "f"}});
+    let strict = json!({"type": "function", "function": {"name": "f", "strict": true}});
     for (b, reason) in [
         (json!({"messages": msgs, "tools": "x"}), "unsupported_param"),
         (json!({"messages": msgs, "tools": []}), "unsupported_param"),
@@ -84,7 +86,32 @@ fn values_specd_does_not_understand_are_forwarded() {
         ),
         (
             json!({"messages": msgs, "tools": [{"type": "function"}]}),
-            "tools",
+            "unsupported_param",
+        ),
+        (
+            json!({"messages": msgs, "tools": [{"type": "custom", "function": {"name": "f"}}]}),
+            "unsupported_param",
+        ),
+        (
+            json!({"messages": msgs, "tools": [f.clone()], "tool_choice": null}),
+            "unsupported_param",
+        ),
+        (
+            json!({"messages": msgs, "tools": [f.clone()], "tool_choice": "required"}),
+            "tool_choice_required",
+        ),
+        (
+            json!({"messages": msgs, "tools": [f.clone()],
+                   "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+            "tool_choice_named",
+        ),
+        (
+            json!({"messages": msgs, "tools": [strict.clone()]}),
+            "strict_tools",
+        ),
+        (
+            json!({"messages": msgs, "tools": [f.clone()], "parallel_tool_calls": false}),
+            "single_tool_call",
         ),
     ] {
         assert_eq!(
@@ -95,6 +122,10 @@ fn values_specd_does_not_understand_are_forwarded() {
     }
     for b in [
         json!({"messages": msgs, "tool_choice": "none"}),
+        // Speculated where the upstream's tool parser is one specd implements.
+        json!({"messages": msgs, "tools": [f.clone()]}),
+        json!({"messages": msgs, "tools": [f.clone()], "tool_choice": "auto"}),
+        json!({"messages": msgs, "tools": [strict.clone()], "tool_choice": "none"}),
         json!({"messages": msgs, "tools": null, "stop": ["a", "b", "c", "d"]}),
         json!({"messages": msgs, "stream": true, "stream_options": {"include_usage": "true"}}),
     ] {

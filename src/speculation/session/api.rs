@@ -9,6 +9,7 @@ use crate::metrics::Metrics;
 use crate::speculation::controller::Controller;
 use crate::speculation::generation::Finish;
 use crate::speculation::reasoning::{Reasoning, Split};
+use crate::speculation::tools::{ToolPiece, Tools};
 use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::{Backend, Sample, Sampling};
 
@@ -20,12 +21,15 @@ pub enum Event {
         tokens: Vec<Sample>,
         /// `text` as reasoning and content, with a reasoning parser.
         split: Option<Split>,
+        /// What `text` adds to content and tool calls, with a tool-call parser.
+        calls: Option<ToolPiece>,
     },
     /// The last text and tokens, sent together with the finish reason.
     Done {
         text: String,
         tokens: Vec<Sample>,
         split: Option<Split>,
+        calls: Option<ToolPiece>,
         finish: Finish,
         stats: Stats,
     },
@@ -80,6 +84,8 @@ pub struct SessionParams {
     pub switch_every: Option<usize>,
     /// The upstream's reasoning parser (chat only): how streamed text is split.
     pub reasoning: Option<Reasoning>,
+    /// The upstream's tool-call parser (chat only): how streamed text is parsed.
+    pub tools: Option<Tools>,
 }
 
 pub struct SessionDeps {

@@ -200,6 +200,7 @@ impl<'a> Driver<'a> {
                     text: piece.text,
                     tokens: piece.tokens,
                     split: piece.split,
+                    calls: piece.calls,
                 })
                 .await
                 .map_err(|_| ApiError::Internal("client gone".into()))?;

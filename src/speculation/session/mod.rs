@@ -128,6 +128,9 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
     if let Some(r) = &p.reasoning {
         gen = gen.with_reasoning(r.stream(&p.prompt));
     }
+    if let Some(t) = &p.tools {
+        gen = gen.with_tools(t.stream());
+    }
     let mut l = Driver::new(&p, &d, &tx);
     let result = drive(&mut l, &mut gen).await;
     record_request(&mut l, &gen, started);
@@ -141,6 +144,7 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
                     text: piece.text,
                     tokens: piece.tokens,
                     split: piece.split,
+                    calls: piece.calls,
                     finish,
                     stats,
                 })

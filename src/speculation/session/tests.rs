@@ -183,6 +183,7 @@ async fn run_session(s: Setup) -> Run {
         k_max: 4,
         switch_every: s.switch_every,
         reasoning: None,
+        tools: None,
     };
     let oracle: Arc<dyn Drafter> = Arc::new(Truthful {
         kind: DrafterKind::Oracle,

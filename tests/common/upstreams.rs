@@ -1,0 +1,147 @@
+//! The real upstreams the tests run against, each started once per machine by its script
+//! (scripts/vllm-cpu-upstream.sh, scripts/sglang-cpu-upstream.sh) and reused across test
+//! processes, unless an environment variable names a running one.
+
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+/// URL of the real vLLM test upstream (`SPECD_TEST_UPSTREAM`, or started by the script).
+pub fn upstream() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(u) = std::env::var("SPECD_TEST_UPSTREAM") {
+            return u;
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = Command::new("bash")
+            .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
+            .arg("start")
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/vllm-cpu-upstream.sh");
+        assert!(out.status.success(), "the vLLM test upstream did not start");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("UPSTREAM="))
+            .expect("script prints UPSTREAM=")
+            .trim()
+            .to_string()
+    })
+    .clone()
+}
+
+/// The test models' folder, as scripts/vllm-cpu-upstream.sh builds it: `SPECD_MODELS_DIR`,
+/// else `SPECD_CACHE_DIR`/models, else ~/.cache/specd/models.
+pub fn models_dir() -> std::path::PathBuf {
+    if let Some(d) = std::env::var_os("SPECD_MODELS_DIR") {
+        return d.into();
+    }
+    specd::config::cache_dir().join("models")
+}
+
+/// URL of the real SGLang test upstream (`SPECD_TEST_SGLANG_UPSTREAM`, or started by
+/// scripts/sglang-cpu-upstream.sh, which reuses a running instance).
+pub fn sglang_upstream() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(u) = std::env::var("SPECD_TEST_SGLANG_UPSTREAM") {
+            return u;
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = Command::new("bash")
+            .arg(format!("{root}/scripts/sglang-cpu-upstream.sh"))
+            .arg("start")
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/sglang-cpu-upstream.sh");
+        assert!(
+            out.status.success(),
+            "the SGLang test upstream did not start"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("UPSTREAM="))
+            .expect("script prints UPSTREAM=")
+            .trim()
+            .to_string()
+    })
+    .clone()
+}
+
+/// URL of a real vLLM serving the `agent` model (scripts/train_agent.py) in float32
+/// with `--reasoning-parser PARSER`: `SPECD_TEST_REASONING_UPSTREAM` (one server, for
+/// every parser a test asks for), else started by scripts/vllm-cpu-upstream.sh as its
+/// own named server `specd-agent-PARSER` (reused across test processes, ~100 s to start).
+pub fn reasoning_upstream(parser: &str) -> String {
+    if let Ok(u) = std::env::var("SPECD_TEST_REASONING_UPSTREAM") {
+        return u;
+    }
+    named_upstream(
+        "agent",
+        &format!("specd-agent-{parser}"),
+        &format!("--dtype float32 --reasoning-parser {parser}"),
+    )
+}
+
+/// URL of a real vLLM serving the `agent-tools` model (scripts/train_tools.py) in
+/// float32 with `--enable-auto-tool-choice --tool-call-parser PARSER` (and
+/// `--reasoning-parser REASONING` when given): `SPECD_TEST_TOOLS_UPSTREAM` (or
+/// `SPECD_TEST_TOOLS_REASONING_UPSTREAM` with a reasoning parser), else started by
+/// scripts/vllm-cpu-upstream.sh as its own named server `specd-agent-tools-PARSER`
+/// (`…-PARSER-REASONING`), reused across test processes.
+pub fn tools_upstream(parser: &str, reasoning: Option<&str>) -> String {
+    let var = match reasoning {
+        None => "SPECD_TEST_TOOLS_UPSTREAM",
+        Some(_) => "SPECD_TEST_TOOLS_REASONING_UPSTREAM",
+    };
+    if let Ok(u) = std::env::var(var) {
+        return u;
+    }
+    let mut served = format!("specd-agent-tools-{parser}");
+    let mut extra =
+        format!("--dtype float32 --enable-auto-tool-choice --tool-call-parser {parser}");
+    if let Some(r) = reasoning {
+        served.push_str(&format!("-{r}"));
+        extra.push_str(&format!(" --reasoning-parser {r}"));
+    }
+    named_upstream("agent-tools", &served, &extra)
+}
+
+/// A vLLM of its own serving `model` as `served` with `extra` arguments, started once
+/// per process by scripts/vllm-cpu-upstream.sh (which reuses a running one).
+fn named_upstream(model: &str, served: &str, extra: &str) -> String {
+    static URLS: OnceLock<Mutex<std::collections::HashMap<String, String>>> = OnceLock::new();
+    let urls = URLS.get_or_init(Default::default);
+    let mut urls = urls.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(u) = urls.get(served) {
+        return u.clone();
+    }
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("bash")
+        .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
+        .arg("start")
+        .env("SPECD_VLLM_MODEL", model)
+        .env("SPECD_VLLM_SERVED_NAME", served)
+        .env("SPECD_VLLM_EXTRA_ARGS", extra)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/vllm-cpu-upstream.sh");
+    assert!(
+        out.status.success(),
+        "the {served} vLLM upstream did not start"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let url = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("UPSTREAM="))
+        .expect("script prints UPSTREAM=")
+        .trim()
+        .to_string();
+    urls.insert(served.to_string(), url.clone());
+    url
+}
