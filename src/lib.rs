@@ -5,6 +5,7 @@ pub mod config;
 pub mod draft;
 pub mod error;
 pub mod inflight;
+pub mod inline;
 pub mod metrics;
 pub mod protocol;
 pub mod serve;

@@ -16,6 +16,7 @@ use super::verify::{
 };
 use super::Upstream;
 use crate::error::ApiError;
+use crate::inline::{Inline, Outbox};
 
 pub struct VllmBackend {
     pub up: Arc<Upstream>,
@@ -254,7 +255,7 @@ impl VllmBackend {
                 let chunk = match chunk {
                     Ok(c) => c,
                     Err(e) => {
-                        let _ = tx.send(Err(e)).await;
+                        tx.send(Err(e)).await;
                         return;
                     }
                 };
@@ -266,8 +267,7 @@ impl VllmBackend {
                         Ok(v) => v,
                         Err(e) => {
                             up.count_error("protocol");
-                            let _ = tx
-                                .send(Err(ApiError::UpstreamProtocol(format!(
+                            tx.send(Err(ApiError::UpstreamProtocol(format!(
                                     "bad relay chunk: {e}"
                                 ))))
                                 .await;
@@ -275,8 +275,7 @@ impl VllmBackend {
                         }
                     };
                     if let Some(msg) = v.pointer("/error/message").and_then(Value::as_str) {
-                        let _ = tx
-                            .send(Err(ApiError::Upstream {
+                        tx.send(Err(ApiError::Upstream {
                                 status: 500,
                                 message: msg.to_string(),
                             }))
@@ -295,8 +294,7 @@ impl VllmBackend {
                         // A usage-only or finish chunk carries no tokens.
                         None if !has_text => continue,
                         None => {
-                            let _ = tx
-                                .send(Err(ApiError::UpstreamProtocol(
+                            tx.send(Err(ApiError::UpstreamProtocol(
                                     "relay chunk without token id".into(),
                                 )))
                                 .await;
@@ -304,9 +302,7 @@ impl VllmBackend {
                         }
                     };
                     for s in samples {
-                        if tx.send(Ok(s)).await.is_err() {
-                            return;
-                        }
+                        tx.send(Ok(s)).await;
                     }
                 }
             }
@@ -315,31 +311,15 @@ impl VllmBackend {
     }
 }
 
-/// A stream fed by a producer future through a bounded channel. The producer runs inside
-/// the consumer's task, polled whenever the stream is (no task of its own: a relayed token
-/// then costs no extra wake-up and thread hand-off). Dropping the stream drops the
-/// producer, and with it the upstream body.
+/// A stream fed by a producer future that runs inside the consumer's task (see
+/// `crate::inline`: no task of its own and no wake-up per token). Dropping the stream drops
+/// the producer, and with it the upstream body.
 pub fn async_stream_samples<F, Fut>(producer: F) -> SampleStream
 where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<Sample, ApiError>>) -> Fut,
+    F: FnOnce(Outbox<Result<Sample, ApiError>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let fut = Some(Box::pin(producer(tx)));
-    futures_util::stream::unfold((rx, fut), |(mut rx, mut fut)| async move {
-        loop {
-            let Some(f) = fut.as_mut() else {
-                // The producer finished: what it sent is still queued.
-                return rx.recv().await.map(|item| (item, (rx, None)));
-            };
-            tokio::select! {
-                biased;
-                item = rx.recv() => return item.map(|item| (item, (rx, fut))),
-                _ = f => fut = None,
-            }
-        }
-    })
-    .boxed()
+    Inline::new(producer).boxed()
 }
 
 impl Backend for VllmBackend {

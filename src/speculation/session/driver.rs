@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tokio::sync::mpsc;
 
 use super::api::{Event, SessionDeps, SessionParams, Stats};
 use crate::draft::{DraftError, DraftRequest, Drafter, DrafterKind, Proposal};
 use crate::error::ApiError;
+use crate::inline::Outbox;
 use crate::speculation::controller::StreamCtl;
 use crate::speculation::generation::{Finish, Generation};
 use crate::upstream::verify::Sample;
@@ -18,7 +18,7 @@ use crate::upstream::verify::Sample;
 pub(super) struct Driver<'a> {
     pub(super) p: &'a SessionParams,
     pub(super) d: &'a SessionDeps,
-    tx: &'a mpsc::Sender<Event>,
+    tx: &'a Outbox<Event>,
     pub(super) ctx: Vec<u32>,
     pub(super) stats: Stats,
     /// The drafter of the current proposal.
@@ -42,7 +42,7 @@ impl<'a> Driver<'a> {
     pub(super) fn new(
         p: &'a SessionParams,
         d: &'a SessionDeps,
-        tx: &'a mpsc::Sender<Event>,
+        tx: &'a Outbox<Event>,
     ) -> Self {
         let drafter = d.drafters.first().kind();
         // A relay segment draws many positions from one random stream, so where it starts
@@ -202,8 +202,7 @@ impl<'a> Driver<'a> {
                     split: piece.split,
                     calls: piece.calls,
                 })
-                .await
-                .map_err(|_| ApiError::Internal("client gone".into()))?;
+                .await;
         } else if finish.is_some() {
             // Keep them for the final event, sent with the finish reason.
             gen.restore(piece);

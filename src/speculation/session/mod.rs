@@ -12,12 +12,7 @@
 //! stream's state and the steps rounds and relays share), `round.rs` (one speculation
 //! round), `relay.rs` (one relay segment); this file runs the loop between them.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Instant;
-
-use tokio::sync::mpsc;
 
 mod api;
 mod driver;
@@ -33,66 +28,41 @@ use round::Round;
 use crate::config::SpecMode;
 use crate::draft::{DraftSet, Proposal};
 use crate::error::ApiError;
+use crate::inline::{Inline, Outbox};
 use crate::speculation::controller::Watched;
 use crate::speculation::generation::{Finish, Generation, Limits};
 use crate::tokens::Detokenizer;
 
 /// Start the loop; its events are read from the returned `Events`.
 pub fn start(p: SessionParams, d: SessionDeps) -> Events {
-    let (tx, rx) = mpsc::channel(16);
-    let finish = (d.drafters.clone(), p.stream);
+    let finish = Some((d.drafters.clone(), p.stream));
     Events {
-        rx,
-        run: Some(Box::pin(run(p, d, tx))),
-        finish: Some(finish),
+        inner: Inline::new(move |out| run(p, d, out)),
+        finish,
     }
 }
 
 /// A running loop and its events. The loop has no task of its own: it runs while its
 /// reader polls for the next event (the response body, polled by the client connection's
-/// task), so a relayed token is not handed from one task to another on its way to the
-/// client. Dropping it (the client went away) drops the loop and any upstream call in
-/// flight, which closes its connection: the upstream aborts the request.
+/// task; see `crate::inline`), so a relayed token is not handed from one task to another
+/// on its way to the client. Dropping it (the client went away) drops the loop and any
+/// upstream call in flight, which closes its connection: the upstream aborts the request.
 pub struct Events {
-    rx: mpsc::Receiver<Event>,
-    run: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    inner: Inline<Event>,
     finish: Option<(DraftSet, u64)>,
 }
 
 impl Events {
     /// The next event; `None` once the loop ended and every event was read.
     pub async fn recv(&mut self) -> Option<Event> {
-        std::future::poll_fn(|cx| self.poll_event(cx)).await
-    }
-
-    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        loop {
-            if let Poll::Ready(ev) = self.rx.poll_recv(cx) {
-                return Poll::Ready(ev);
-            }
-            let Some(run) = self.run.as_mut() else {
-                return Poll::Pending;
-            };
-            match run.as_mut().poll(cx) {
-                // Ended: its sender is gone, so the channel yields what is left, then None.
-                Poll::Ready(()) => self.run = None,
-                // Waiting on the upstream or a drafter: hand on what it sent meanwhile.
-                Poll::Pending => {
-                    return match self.rx.try_recv() {
-                        Ok(ev) => Poll::Ready(Some(ev)),
-                        Err(mpsc::error::TryRecvError::Empty) => Poll::Pending,
-                        Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
-                    };
-                }
-            }
-        }
+        self.inner.next_item().await
     }
 }
 
 impl Drop for Events {
     fn drop(&mut self) {
         // The loop first: it may still hold the drafters' state of this stream.
-        self.run = None;
+        self.inner.stop();
         if let Some((drafters, stream)) = self.finish.take() {
             drafters.finish(stream);
         }
@@ -120,7 +90,7 @@ fn limits(p: &SessionParams, d: &SessionDeps) -> Limits {
     }
 }
 
-async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
+async fn run(p: SessionParams, d: SessionDeps, tx: Outbox<Event>) {
     let started = Instant::now();
     let _active = d.controller.enter();
     let detok = Detokenizer::new(&d.tokenizer.tokenizer, p.skip_special_tokens, &p.prompt);
@@ -139,8 +109,7 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
             let piece = gen.take();
             l.stats.completion_tokens = gen.generated;
             let stats = l.stats.clone();
-            let _ = tx
-                .send(Event::Done {
+            tx.send(Event::Done {
                     text: piece.text,
                     tokens: piece.tokens,
                     split: piece.split,
@@ -151,7 +120,7 @@ async fn run(p: SessionParams, d: SessionDeps, tx: mpsc::Sender<Event>) {
                 .await;
         }
         Err(e) => {
-            let _ = tx.send(Event::Error(e)).await;
+            tx.send(Event::Error(e)).await;
         }
     }
 }

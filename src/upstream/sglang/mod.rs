@@ -433,7 +433,7 @@ impl SglangBackend {
                 let chunk = match chunk {
                     Ok(c) => c,
                     Err(e) => {
-                        let _ = tx.send(Err(e)).await;
+                        tx.send(Err(e)).await;
                         return;
                     }
                 };
@@ -445,15 +445,13 @@ impl SglangBackend {
                         Ok(s) => s,
                         Err(e) => {
                             up.count_error("protocol");
-                            let _ = tx.send(Err(e)).await;
+                            tx.send(Err(e)).await;
                             return;
                         }
                     };
                     seen += new.len();
                     for s in new {
-                        if tx.send(Ok(s)).await.is_err() {
-                            return;
-                        }
+                        tx.send(Ok(s)).await;
                     }
                 }
             }
