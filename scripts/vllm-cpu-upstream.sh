@@ -16,7 +16,8 @@
 #   SPECD_MODELS_DIR         model folder (default $SPECD_CACHE_DIR/models)
 #   SPECD_VLLM_VENV          venv path (default $SPECD_CACHE_DIR/vllm-venv)
 #   SPECD_VLLM_MODEL         model folder name under the models dir (default target;
-#                            *-trained: the trained pair; agent: the reasoning-format model)
+#                            *-trained: the trained pair, with draft-xtok; agent: the
+#                            reasoning-format model)
 #   SPECD_VLLM_SERVED_NAME   served model name (default specd-$SPECD_VLLM_MODEL)
 #   SPECD_VLLM_START_TIMEOUT seconds to wait for /health (default 400)
 #   SPECD_VLLM_EXTRA_ARGS    extra arguments for the API server (word-split)
