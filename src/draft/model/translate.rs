@@ -254,7 +254,8 @@ impl Translator {
         if let Ok(enc) = self.draft.tokenizer.encode_fast(text.as_ref(), false) {
             let mut end = from;
             for &id in enc.get_ids() {
-                end += self.draft_bytes.bytes(id).len();
+                // Clamped: a tokenizer that normalizes text spells other bytes than it read.
+                end = (end + self.draft_bytes.bytes(id).len()).min(from + valid);
                 st.draft.push(id);
                 st.draft_ends.push(end);
             }
@@ -283,6 +284,9 @@ impl Translator {
             ends.push(drafted.len());
             j *= c;
             joint.push(j);
+        }
+        if joint.is_empty() {
+            return Proposal::default();
         }
         // The held-back bytes must be the context's own; what follows them is the proposal.
         let Some(new) = drafted.strip_prefix(plan.tail.as_slice()) else {
