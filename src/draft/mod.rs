@@ -219,6 +219,15 @@ pub trait Drafter: Send + Sync {
     fn wants_overlap(&self) -> bool {
         false
     }
+    /// The target's tokenizer is known (at start): a drafter whose tokens may not be the
+    /// target's decides here how to speak to it.
+    fn bind_target(
+        &self,
+        _target: &Arc<crate::tokens::ModelTokenizer>,
+        _metrics: Option<&crate::metrics::Metrics>,
+    ) -> Result<(), DraftError> {
+        Ok(())
+    }
 }
 
 /// The drafters a server offers.

@@ -159,3 +159,22 @@ impl RejectReason {
         }
     }
 }
+
+/// The two halves of a cross-vocabulary draft round (`specd_draft_translation_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TranslationStep {
+    /// Target context → draft tokens (incremental).
+    Context,
+    /// Drafted tokens → target tokens for the verify.
+    Proposal,
+}
+
+impl TranslationStep {
+    pub const ALL: [TranslationStep; 2] = [TranslationStep::Context, TranslationStep::Proposal];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TranslationStep::Context => "context",
+            TranslationStep::Proposal => "proposal",
+        }
+    }
+}

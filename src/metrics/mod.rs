@@ -3,7 +3,7 @@
 
 pub mod labels;
 
-use labels::{PassthroughReason, RejectReason, StreamMode};
+use labels::{PassthroughReason, RejectReason, StreamMode, TranslationStep};
 
 use crate::draft::DrafterKind;
 use prometheus::{
@@ -44,6 +44,7 @@ pub struct Metrics {
     pub rounds_per_request: HistogramVec,
     pub verify_duration: HistogramVec,
     pub draft_duration: HistogramVec,
+    pub draft_translation: HistogramVec,
     pub proxy_overhead: HistogramVec,
     pub chosen_k: HistogramVec,
     pub decode_cost: prometheus::Gauge,
@@ -102,6 +103,7 @@ impl Metrics {
             rounds_per_request: reg!(r, names, hist("specd_spec_rounds_per_request", "Verify rounds per speculated request", exponential_buckets(1.0, 2.0, 14).unwrap_or_default(), &["drafter"])),
             verify_duration: reg!(r, names, hist("specd_verify_duration_seconds", "One verify call to the upstream", lat(), &["kind"])),
             draft_duration: reg!(r, names, hist("specd_draft_duration_seconds", "One draft proposal", exponential_buckets(0.00001, 2.0, 24).unwrap_or_default(), &["drafter"])),
+            draft_translation: reg!(r, names, hist("specd_draft_translation_seconds", "Translation between the target's and a draft model's vocabularies, per proposal and step (only for a draft model with another vocabulary)", exponential_buckets(0.000001, 2.0, 24).unwrap_or_default(), &["step"])),
             proxy_overhead: reg!(r, names, hist("specd_proxy_overhead_seconds", "Time spent in specd itself, excluding upstream calls and drafting", exponential_buckets(0.00001, 2.0, 24).unwrap_or_default(), &["scope"])),
             chosen_k: reg!(r, names, hist("specd_controller_chosen_k", "Draft length chosen per round (0 = relay)", count_buckets(), &["drafter"])),
             decode_cost: reg!(r, names, prometheus::Gauge::new("specd_controller_decode_cost_seconds", "Estimated plain decode cost per token")),
@@ -180,6 +182,9 @@ impl Metrics {
         }
         for kind in ["vllm", "sglang"] {
             self.verify_duration.with_label_values(&[kind]);
+        }
+        for step in TranslationStep::ALL {
+            self.draft_translation.with_label_values(&[step.as_str()]);
         }
         for scope in ["request", "round"] {
             self.proxy_overhead.with_label_values(&[scope]);

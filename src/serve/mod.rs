@@ -10,10 +10,10 @@ use axum::serve::ListenerExt;
 use tokio::sync::Semaphore;
 
 use crate::config::ServeArgs;
-use crate::draft::model::{check_tokenizer_compat, DrafterOptions, ModelDrafter};
+use crate::draft::model::{DrafterOptions, ModelDrafter};
 use crate::draft::ngram::NgramDrafter;
 use crate::draft::suffix::{SuffixConfig, SuffixDrafter};
-use crate::draft::Drafters;
+use crate::draft::{DrafterKind, Drafters};
 use crate::inflight::InFlight;
 use crate::metrics::Metrics;
 use crate::server::{self, AppState, Shared};
@@ -172,10 +172,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Err(e @ crate::upstream::detect::DetectError::KindMismatch { .. }) => return Err(e.into()),
         Err(e) => tracing::warn!(error = %e, "upstream not reachable yet; will keep trying"),
     }
-    // The draft model must share the target's vocabulary: refuse to start otherwise.
-    if let Some(dir) = &st.args.draft_model {
+    // The draft model drafts target ids directly or, with another vocabulary, through text.
+    if let (Some(dir), Some(d)) = (&st.args.draft_model, st.drafters.get(DrafterKind::Model)) {
         match st.tokenizer() {
-            Some(t) => check_tokenizer_compat(dir, &t.tokenizer)
+            Some(t) => d
+                .bind_target(&t, Some(&st.metrics))
                 .map_err(|e| anyhow::anyhow!("--draft-model {}: {e}", dir.display()))?,
             None => anyhow::bail!(
                 "--draft-model needs the target's tokenizer to check vocabularies: pass --tokenizer or start specd once the upstream answers"

@@ -18,6 +18,9 @@ enum Cmd {
     Scenarios(specd_bench::scenarios::BenchArgs),
     /// Time and memory of the suffix drafter's proposals.
     Suffix(specd_bench::suffix::SuffixBenchArgs),
+    /// Tokens per round of draft models with the target's vocabulary and another one,
+    /// against a target model run here (greedy).
+    Xvocab(specd_bench::xvocab::XvocabArgs),
 }
 
 #[tokio::main]
@@ -31,5 +34,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Replay(args) => specd_bench::replay::run(args).await,
         Cmd::Scenarios(args) => specd_bench::scenarios::run(args).await,
         Cmd::Suffix(args) => specd_bench::suffix::run(args),
+        Cmd::Xvocab(args) => specd_bench::xvocab::run(args).await,
     }
 }

@@ -12,12 +12,13 @@ pub mod config;
 mod cuda;
 pub mod forward;
 pub mod kv;
+pub mod translate;
 pub mod vocab;
 pub mod weights;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use candle_core::{DType, Device};
@@ -26,8 +27,11 @@ use tokio::sync::oneshot;
 
 use self::batch::{Engine, Msg, Stats, WorkerOptions};
 pub use self::config::{Family, ModelConfig};
-pub use self::vocab::{check_tokenizer_compat, compare_vocab};
+use self::translate::Translator;
+pub use self::vocab::{check_tokenizer_compat, compare_vocab, VocabMode};
 use crate::draft::{DraftError, DraftRequest, Drafter, DrafterKind, Proposal, StreamId};
+use crate::metrics::Metrics;
+use crate::tokens::ModelTokenizer;
 
 /// Tuning knobs; `Default` suits the device the model is loaded on.
 #[derive(Debug, Clone)]
@@ -44,6 +48,9 @@ pub struct DrafterOptions {
     pub cuda_graphs: bool,
     /// Use the candle forward even where the CUDA engine could run.
     pub force_candle: bool,
+    /// Draft through text even with the target's own vocabulary (measures what the
+    /// translation costs in acceptance).
+    pub force_translation: bool,
 }
 
 impl Default for DrafterOptions {
@@ -55,6 +62,7 @@ impl Default for DrafterOptions {
             stop_below: 0.0,
             cuda_graphs: true,
             force_candle: false,
+            force_translation: false,
         }
     }
 }
@@ -85,6 +93,11 @@ pub struct ModelDrafter {
     stats: Arc<Stats>,
     config: ModelConfig,
     engine: &'static str,
+    dir: std::path::PathBuf,
+    /// Set once the target's tokenizer is known and differs from the draft's.
+    translator: OnceLock<Translator>,
+    mode: OnceLock<VocabMode>,
+    force_translation: bool,
 }
 
 /// Where the draft model runs (`--draft-device`: `cpu`, `cuda`, `cuda:N`).
@@ -180,6 +193,8 @@ impl ModelDrafter {
             vocab_limit,
         };
 
+        let model_dir = dir.to_path_buf();
+        let force_translation = opts.force_translation;
         let dir = dir.to_path_buf();
         let cfg = config.clone();
         let stats = Arc::new(Stats::default());
@@ -238,7 +253,60 @@ impl ModelDrafter {
             stats,
             config,
             engine,
+            dir: model_dir,
+            translator: OnceLock::new(),
+            mode: OnceLock::new(),
+            force_translation,
         })
+    }
+
+    /// Compare the draft's vocabulary with the target's: the same one drafts ids
+    /// directly, another one through text (see `translate`). Decided once; later calls
+    /// return the first decision.
+    pub fn bind_target(
+        &self,
+        target: &Arc<ModelTokenizer>,
+        metrics: Option<&Metrics>,
+    ) -> Result<VocabMode, DraftError> {
+        if let Some(m) = self.mode.get() {
+            return Ok(*m);
+        }
+        let draft = ModelTokenizer::load(&self.dir).map_err(|e| {
+            DraftError::Model(format!(
+                "cannot read the draft model's tokenizer in {}: {e}",
+                self.dir.display()
+            ))
+        })?;
+        let same = compare_vocab(
+            &draft.tokenizer.get_vocab(true),
+            &target.tokenizer.get_vocab(true),
+        );
+        let same = match same {
+            Ok(()) if self.force_translation => Err("translation forced".to_string()),
+            other => other,
+        };
+        let mode = match same {
+            Ok(()) => {
+                tracing::info!(
+                    "draft model shares the target's vocabulary: drafting token ids directly"
+                );
+                VocabMode::Same
+            }
+            Err(diff) => {
+                tracing::info!(
+                    draft_vocab = draft.vocab_size,
+                    target_vocab = target.vocab_size,
+                    %diff,
+                    "draft model has another vocabulary: drafting through text, translated per round"
+                );
+                let timing = metrics.map(|m| m.draft_translation.clone());
+                let _ = self
+                    .translator
+                    .set(Translator::new(target.clone(), draft, timing));
+                VocabMode::Translated
+            }
+        };
+        Ok(*self.mode.get_or_init(|| mode))
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -352,15 +420,35 @@ impl Drafter for ModelDrafter {
 
     fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>> {
         let (tx, rx) = oneshot::channel();
-        let sent = self.send(Msg::Propose(req, tx));
+        let Some(tr) = self.translator.get() else {
+            let sent = self.send(Msg::Propose(req, tx));
+            return Box::pin(async move {
+                sent?;
+                rx.await.unwrap_or(Err(DraftError::Closed))
+            });
+        };
+        let (dreq, plan) = tr.to_draft(&req);
+        let sent = self.send(Msg::Propose(dreq, tx));
         Box::pin(async move {
             sent?;
-            rx.await.unwrap_or(Err(DraftError::Closed))
+            let p = rx.await.unwrap_or(Err(DraftError::Closed))?;
+            Ok(tr.to_target(plan, p))
         })
     }
 
     fn finish(&self, stream: StreamId) {
+        if let Some(tr) = self.translator.get() {
+            tr.finish(stream);
+        }
         let _ = self.send(Msg::Finish(stream));
+    }
+
+    fn bind_target(
+        &self,
+        target: &Arc<ModelTokenizer>,
+        metrics: Option<&Metrics>,
+    ) -> Result<(), DraftError> {
+        ModelDrafter::bind_target(self, target, metrics).map(drop)
     }
 
     /// A model forward takes long enough to hide behind the verify call; a wrong guess

@@ -1,8 +1,17 @@
-//! The draft model must speak the target's token ids: its id→token table has to be the
-//! target's, entry for entry.
+//! Does the draft model speak the target's token ids? Only when its id→token table is
+//! the target's, entry for entry; otherwise it drafts through text (`translate`).
 
 use std::collections::HashMap;
 use std::path::Path;
+
+/// How the `model` drafter speaks to the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VocabMode {
+    /// Same id→token table: draft ids are target ids.
+    Same,
+    /// Another vocabulary: contexts and proposals are translated through text.
+    Translated,
+}
 
 /// Compare the draft model's tokenizer (tokenizer.json or the tiktoken format, in
 /// `draft_dir`) with the target's.
@@ -61,7 +70,7 @@ pub fn compare_vocab(
     }
     Err(format!(
         "the draft model's vocabulary differs from the target's ({} vs {} tokens, {count} \
-         ids differ; first: {}): a draft model must use the target's tokenizer",
+         ids differ; first: {})",
         d.len(),
         t.len(),
         diffs.join("; ")
