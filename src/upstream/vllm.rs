@@ -268,18 +268,18 @@ impl VllmBackend {
                         Err(e) => {
                             up.count_error("protocol");
                             tx.send(Err(ApiError::UpstreamProtocol(format!(
-                                    "bad relay chunk: {e}"
-                                ))))
-                                .await;
+                                "bad relay chunk: {e}"
+                            ))))
+                            .await;
                             return;
                         }
                     };
                     if let Some(msg) = v.pointer("/error/message").and_then(Value::as_str) {
                         tx.send(Err(ApiError::Upstream {
-                                status: 500,
-                                message: msg.to_string(),
-                            }))
-                            .await;
+                            status: 500,
+                            message: msg.to_string(),
+                        }))
+                        .await;
                         return;
                     }
                     let Some(c) = v.pointer("/choices/0") else {
@@ -295,9 +295,9 @@ impl VllmBackend {
                         None if !has_text => continue,
                         None => {
                             tx.send(Err(ApiError::UpstreamProtocol(
-                                    "relay chunk without token id".into(),
-                                )))
-                                .await;
+                                "relay chunk without token id".into(),
+                            )))
+                            .await;
                             return;
                         }
                     };

@@ -39,11 +39,7 @@ pub(super) fn cut(mut p: Proposal, k: usize) -> Proposal {
 }
 
 impl<'a> Driver<'a> {
-    pub(super) fn new(
-        p: &'a SessionParams,
-        d: &'a SessionDeps,
-        tx: &'a Outbox<Event>,
-    ) -> Self {
+    pub(super) fn new(p: &'a SessionParams, d: &'a SessionDeps, tx: &'a Outbox<Event>) -> Self {
         let drafter = d.drafters.first().kind();
         // A relay segment draws many positions from one random stream, so where it starts
         // would change a seeded sampled output: such requests never relay on the

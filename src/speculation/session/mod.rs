@@ -110,14 +110,14 @@ async fn run(p: SessionParams, d: SessionDeps, tx: Outbox<Event>) {
             l.stats.completion_tokens = gen.generated;
             let stats = l.stats.clone();
             tx.send(Event::Done {
-                    text: piece.text,
-                    tokens: piece.tokens,
-                    split: piece.split,
-                    calls: piece.calls,
-                    finish,
-                    stats,
-                })
-                .await;
+                text: piece.text,
+                tokens: piece.tokens,
+                split: piece.split,
+                calls: piece.calls,
+                finish,
+                stats,
+            })
+            .await;
         }
         Err(e) => {
             tx.send(Event::Error(e)).await;
