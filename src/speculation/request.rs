@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::policy::fields;
+use super::policy::{exact, fields};
 use crate::config::SpecMode;
 use crate::error::ApiError;
 use crate::metrics::labels::PassthroughReason;
@@ -88,13 +88,20 @@ pub fn parse(
     let Value::Object(body) = whole else {
         return Err(bad("request body must be a JSON object"));
     };
-    let gen = validate(endpoint, typed, spec, body)?;
-    Ok(match fields::request_reason(endpoint, &gen.body) {
-        Some(reason) => Intake::Passthrough {
+    let mut gen = validate(endpoint, typed, spec, body)?;
+    let per_step = match fields::request_reason(endpoint, &gen.body) {
+        Some(reason) => Err(reason),
+        None => exact::read(&gen.body),
+    };
+    Ok(match per_step {
+        Err(reason) => Intake::Passthrough {
             reason,
             body: gen.body,
         },
-        None => Intake::Speculate(Box::new(gen)),
+        Ok(per_step) => {
+            gen.sampling.per_step = per_step;
+            Intake::Speculate(Box::new(gen))
+        }
     })
 }
 
@@ -155,6 +162,7 @@ fn validate(
             // vLLM takes any signed 64-bit seed.
             seed: b.seed.map(|s| s as u64),
             logprobs: n_top,
+            per_step: Default::default(),
         },
         max_tokens,
         stop: b.stop,

@@ -20,6 +20,8 @@ pub struct Sampling {
     pub seed: Option<u64>,
     /// Number of top logprobs wanted per token; `None` when the client asked for none.
     pub logprobs: Option<u32>,
+    /// vLLM only: SGLang's backend forwards requests that set them.
+    pub per_step: PerStep,
 }
 
 impl Sampling {
@@ -50,7 +52,51 @@ impl Sampling {
         if let Some(p) = self.min_p {
             m.insert("min_p".into(), p.into());
         }
+        self.per_step.write(&mut m);
         m
+    }
+}
+
+/// The sampling fields vLLM applies at each step from that step's prompt alone (read by
+/// `speculation::policy::exact`, which says why each is reproduced exactly).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PerStep {
+    /// Token id → bias, in the client's order.
+    pub logit_bias: Option<Vec<(u32, f64)>>,
+    pub allowed_token_ids: Option<Vec<u32>>,
+    pub repetition_penalty: Option<f64>,
+}
+
+impl PerStep {
+    /// Set to a value that changes the output (SGLang does not reproduce these: its
+    /// backend forwards the request): the reason it would pass through under.
+    pub fn active_reason(&self) -> Option<PassthroughReason> {
+        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+            return Some(PassthroughReason::LogitBias);
+        }
+        if self.repetition_penalty.is_some_and(|p| p != 1.0) {
+            return Some(PassthroughReason::Penalty);
+        }
+        self.allowed_token_ids
+            .is_some()
+            .then_some(PassthroughReason::UnsupportedParam)
+    }
+
+    /// The fields in upstream JSON (vLLM's names; unset stays unset).
+    pub fn write(&self, m: &mut Map<String, Value>) {
+        if let Some(bias) = &self.logit_bias {
+            let obj: Map<String, Value> = bias
+                .iter()
+                .map(|(id, b)| (id.to_string(), Value::from(*b)))
+                .collect();
+            m.insert("logit_bias".into(), obj.into());
+        }
+        if let Some(ids) = &self.allowed_token_ids {
+            m.insert("allowed_token_ids".into(), ids.clone().into());
+        }
+        if let Some(p) = self.repetition_penalty {
+            m.insert("repetition_penalty".into(), p.into());
+        }
     }
 }
 

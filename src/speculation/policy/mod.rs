@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+pub mod exact;
 pub mod fields;
 
 use super::controller::Controller;

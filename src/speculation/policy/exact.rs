@@ -1,0 +1,114 @@
+//! Sampling fields the verify fan-out reproduces exactly on vLLM, read into typed values
+//! and forwarded on every verify and relay call. Each is speculated only where vLLM
+//! (0.32) applies it from what a verify call also holds — the step's own prompt — and
+//! never from the output so far, which a verify call sees as prompt:
+//!
+//! - `logit_bias`, `allowed_token_ids`: the same logits change at every step, whatever
+//!   came before (vllm/v1/sample/logits_processor/builtin.py `LogitBiasLogitsProcessor`,
+//!   `AllowedTokenIdsLogitsProcessor`).
+//! - `repetition_penalty`: applied to every token of prompt ∪ output
+//!   (vllm/model_executor/layers/utils.py `apply_penalties`: `prompt_mask | output_mask`
+//!   in the repetition op). A verify prefix is the original prompt followed by the output
+//!   so far, so the union is the same set.
+//!
+//! A value specd does not fully understand (wrong type, out of range) is not read: the
+//! request passes through under the field's reason, and the client gets vLLM's own answer.
+
+use serde_json::{Map, Value};
+
+use crate::metrics::labels::PassthroughReason as Reason;
+use crate::upstream::verify::PerStep;
+
+/// Read the per-step fields, or the reason to forward a value specd does not understand.
+pub fn read(body: &Map<String, Value>) -> Result<PerStep, Reason> {
+    let field = |k: &str| body.get(k).filter(|v| !v.is_null());
+    let logit_bias = field("logit_bias")
+        .map(|v| logit_bias(v).ok_or(Reason::LogitBias))
+        .transpose()?;
+    let allowed_token_ids = field("allowed_token_ids")
+        .map(|v| token_list(v).ok_or(Reason::UnsupportedParam))
+        .transpose()?;
+    let repetition_penalty = field("repetition_penalty")
+        .map(|v| penalty(v).ok_or(Reason::Penalty))
+        .transpose()?;
+    Ok(PerStep {
+        logit_bias,
+        allowed_token_ids,
+        repetition_penalty,
+    })
+}
+
+/// `{"<token id>": bias}` with canonical decimal keys and finite numeric biases (vLLM
+/// clamps them to ±100 itself; an id outside the vocabulary is refused by vLLM on the
+/// first verify call, with its own message).
+fn logit_bias(v: &Value) -> Option<Vec<(u32, f64)>> {
+    v.as_object()?
+        .iter()
+        .map(|(k, b)| {
+            let canonical = !k.is_empty()
+                && k.bytes().all(|c| c.is_ascii_digit())
+                && (k == "0" || !k.starts_with('0'));
+            let id = canonical.then(|| k.parse::<u32>().ok()).flatten()?;
+            let b = b.as_f64().filter(|b| b.is_finite())?;
+            Some((id, b))
+        })
+        .collect()
+}
+
+/// A non-empty list of JSON integer token ids (vLLM refuses an empty one).
+fn token_list(v: &Value) -> Option<Vec<u32>> {
+    let a = v.as_array().filter(|a| !a.is_empty())?;
+    a.iter()
+        .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+        .collect()
+}
+
+/// A finite number above 0 (vllm/sampling_params.py `_verify_args`).
+fn penalty(v: &Value) -> Option<f64> {
+    v.as_f64().filter(|p| p.is_finite() && *p > 0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn reads_understood_values() {
+        let b = obj(json!({"logit_bias": {"12": -100, "0": 2.5},
+            "allowed_token_ids": [3, 4], "repetition_penalty": 1.3}));
+        let p = read(&b).expect("understood");
+        assert_eq!(p.logit_bias, Some(vec![(0, 2.5), (12, -100.0)]));
+        assert_eq!(p.allowed_token_ids, Some(vec![3, 4]));
+        assert_eq!(p.repetition_penalty, Some(1.3));
+        let mut m = Map::new();
+        p.write(&mut m);
+        assert_eq!(m["logit_bias"], json!({"0": 2.5, "12": -100.0}));
+        assert_eq!(p.active_reason(), Some(Reason::LogitBias));
+        assert_eq!(read(&obj(json!({"logit_bias": null}))), Ok(PerStep::default()));
+        let neutral = read(&obj(json!({"logit_bias": {}, "repetition_penalty": 1})));
+        assert_eq!(neutral.expect("neutral").active_reason(), None);
+    }
+
+    #[test]
+    fn values_not_understood_are_the_upstreams() {
+        for (b, reason) in [
+            (json!({"logit_bias": {"x": 1}}), Reason::LogitBias),
+            (json!({"logit_bias": {"01": 1}}), Reason::LogitBias),
+            (json!({"logit_bias": {"-1": 1}}), Reason::LogitBias),
+            (json!({"logit_bias": {"1": "2"}}), Reason::LogitBias),
+            (json!({"logit_bias": [1]}), Reason::LogitBias),
+            (json!({"allowed_token_ids": []}), Reason::UnsupportedParam),
+            (json!({"allowed_token_ids": [1.5]}), Reason::UnsupportedParam),
+            (json!({"allowed_token_ids": [-1]}), Reason::UnsupportedParam),
+            (json!({"repetition_penalty": 0}), Reason::Penalty),
+            (json!({"repetition_penalty": "1.2"}), Reason::Penalty),
+        ] {
+            assert_eq!(read(&obj(b.clone())), Err(reason), "{b}");
+        }
+    }
+}
