@@ -89,7 +89,10 @@ mod tests {
         p.write(&mut m);
         assert_eq!(m["logit_bias"], json!({"0": 2.5, "12": -100.0}));
         assert_eq!(p.active_reason(), Some(Reason::LogitBias));
-        assert_eq!(read(&obj(json!({"logit_bias": null}))), Ok(PerStep::default()));
+        assert_eq!(
+            read(&obj(json!({"logit_bias": null}))),
+            Ok(PerStep::default())
+        );
         let neutral = read(&obj(json!({"logit_bias": {}, "repetition_penalty": 1})));
         assert_eq!(neutral.expect("neutral").active_reason(), None);
     }
@@ -103,7 +106,10 @@ mod tests {
             (json!({"logit_bias": {"1": "2"}}), Reason::LogitBias),
             (json!({"logit_bias": [1]}), Reason::LogitBias),
             (json!({"allowed_token_ids": []}), Reason::UnsupportedParam),
-            (json!({"allowed_token_ids": [1.5]}), Reason::UnsupportedParam),
+            (
+                json!({"allowed_token_ids": [1.5]}),
+                Reason::UnsupportedParam,
+            ),
             (json!({"allowed_token_ids": [-1]}), Reason::UnsupportedParam),
             (json!({"repetition_penalty": 0}), Reason::Penalty),
             (json!({"repetition_penalty": "1.2"}), Reason::Penalty),

@@ -36,7 +36,10 @@ fn passthrough_reasons() {
         (json!({"prompt": "a", "presence_penalty": 0.5}), "penalty"),
         (json!({"prompt": "a", "logit_bias": {"a": 2}}), "logit_bias"),
         (json!({"prompt": "a", "repetition_penalty": -1}), "penalty"),
-        (json!({"prompt": "a", "bad_words": ["x"]}), "unsupported_param"),
+        (
+            json!({"prompt": "a", "bad_words": ["x"]}),
+            "unsupported_param",
+        ),
         (json!({"prompt": ["a", "b"]}), "multiple_prompts"),
         (
             json!({"prompt": ["a", "b"], "max_tokens": "x"}),
