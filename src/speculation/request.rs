@@ -89,20 +89,25 @@ pub fn parse(
         return Err(bad("request body must be a JSON object"));
     };
     let mut gen = validate(endpoint, typed, spec, body)?;
-    let per_step = match fields::request_reason(endpoint, &gen.body) {
-        Some(reason) => Err(reason),
-        None => exact::read(&gen.body),
-    };
-    Ok(match per_step {
+    Ok(match sampling_fields(endpoint, &mut gen) {
         Err(reason) => Intake::Passthrough {
             reason,
             body: gen.body,
         },
-        Ok(per_step) => {
-            gen.sampling.per_step = per_step;
-            Intake::Speculate(Box::new(gen))
-        }
+        Ok(()) => Intake::Speculate(Box::new(gen)),
     })
+}
+
+/// The policy's verdict on the request's fields; where it speculates, the sampling fields
+/// to forward on every upstream call.
+fn sampling_fields(endpoint: Endpoint, gen: &mut GenRequest) -> Result<(), PassthroughReason> {
+    if let Some(reason) = fields::request_reason(endpoint, &gen.body) {
+        return Err(reason);
+    }
+    gen.sampling.per_step = exact::read(&gen.body)?;
+    let (max, stop, ids) = (gen.max_tokens, &gen.stop, &gen.stop_token_ids);
+    gen.sampling.min_tokens = exact::min_tokens(&gen.body, max, stop, ids)?;
+    Ok(())
 }
 
 /// The typed view; a field that does not read is named in the error.
@@ -163,6 +168,7 @@ fn validate(
             seed: b.seed.map(|s| s as u64),
             logprobs: n_top,
             per_step: Default::default(),
+            min_tokens: None,
         },
         max_tokens,
         stop: b.stop,

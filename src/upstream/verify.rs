@@ -22,6 +22,8 @@ pub struct Sampling {
     pub logprobs: Option<u32>,
     /// vLLM only: SGLang's backend forwards requests that set them.
     pub per_step: PerStep,
+    /// vLLM only, like `per_step`; depends on the position, so each call gets its own.
+    pub min_tokens: Option<MinTokens>,
 }
 
 impl Sampling {
@@ -100,6 +102,36 @@ impl PerStep {
     }
 }
 
+/// `min_tokens` as vLLM applies it: EOS and every stop token id are masked while fewer
+/// than `count` tokens have been generated (vllm/v1/sample/logits_processor/builtin.py
+/// `MinTokensLogitsProcessor`, over `SamplingParams.all_stop_token_ids`: the EOS, the
+/// model's further EOS ids and `stop_token_ids`, even with `ignore_eos`). A call whose
+/// first token is output token `i` gets `count − i` of its own, with the stop token ids
+/// so that they are masked too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MinTokens {
+    pub count: u32,
+    pub stop_token_ids: Vec<u32>,
+}
+
+impl MinTokens {
+    /// Tokens still under the mask when `generated` tokens precede the call.
+    pub fn left(&self, generated: usize) -> u32 {
+        let generated = u32::try_from(generated).unwrap_or(u32::MAX);
+        self.count.saturating_sub(generated)
+    }
+
+    /// The fields of a call of at most `max_tokens` tokens after `generated` ones (vLLM
+    /// refuses `min_tokens` above `max_tokens`); nothing once the mask has ended.
+    pub fn write(&self, generated: usize, max_tokens: u32, m: &mut Map<String, Value>) {
+        let left = self.left(generated).min(max_tokens);
+        if left > 0 {
+            m.insert("min_tokens".into(), left.into());
+            m.insert("stop_token_ids".into(), self.stop_token_ids.clone().into());
+        }
+    }
+}
+
 /// Seed for the token sampled at absolute position `pos`. Each position gets its own
 /// random stream, so results are reproducible and independent of how tokens were grouped
 /// into rounds (SplitMix64 finaliser over seed and position; kept below 2^63 for servers
@@ -133,6 +165,8 @@ pub struct VerifyRequest<'a> {
     /// Model name to put in upstream requests.
     pub model: &'a str,
     pub context: &'a [u32],
+    /// Output tokens at the end of `context` (for `min_tokens`).
+    pub generated: usize,
     pub drafts: &'a [u32],
     pub sampling: &'a Sampling,
 }
@@ -140,6 +174,8 @@ pub struct VerifyRequest<'a> {
 pub struct RelayRequest<'a> {
     pub model: &'a str,
     pub context: &'a [u32],
+    /// Output tokens at the end of `context` (for `min_tokens`).
+    pub generated: usize,
     pub sampling: &'a Sampling,
     pub max_tokens: u32,
 }

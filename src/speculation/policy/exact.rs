@@ -11,13 +11,16 @@
 //!   in the repetition op). A verify prefix is the original prompt followed by the output
 //!   so far, so the union is the same set.
 //!
+//! - `min_tokens`: masks EOS and the stop token ids while the output is shorter; each
+//!   verify and relay call gets what is left of it at its position (`MinTokens`).
+//!
 //! A value specd does not fully understand (wrong type, out of range) is not read: the
 //! request passes through under the field's reason, and the client gets vLLM's own answer.
 
 use serde_json::{Map, Value};
 
 use crate::metrics::labels::PassthroughReason as Reason;
-use crate::upstream::verify::PerStep;
+use crate::upstream::verify::{MinTokens, PerStep};
 
 /// Read the per-step fields, or the reason to forward a value specd does not understand.
 pub fn read(body: &Map<String, Value>) -> Result<PerStep, Reason> {
@@ -36,6 +39,34 @@ pub fn read(body: &Map<String, Value>) -> Result<PerStep, Reason> {
         allowed_token_ids,
         repetition_penalty,
     })
+}
+
+/// `min_tokens` (`None` when 0), or the reason to forward it: a value specd does not read
+/// itself, one above an explicit `max_tokens` (vLLM refuses it; without `max_tokens` the
+/// limit is the upstream's), or stop strings. With stop strings vLLM matches only those
+/// that end after the first `min_tokens` tokens' text (vllm/v1/engine/detokenizer.py
+/// `update`), which specd's stop matcher does not reproduce.
+pub fn min_tokens(
+    body: &Map<String, Value>,
+    max_tokens: Option<u32>,
+    stop: &[String],
+    stop_token_ids: &[u32],
+) -> Result<Option<MinTokens>, Reason> {
+    let Some(v) = body.get("min_tokens").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let count = v.as_u64().and_then(|n| u32::try_from(n).ok());
+    let count = count.ok_or(Reason::MinTokens)?;
+    if count == 0 {
+        return Ok(None);
+    }
+    if max_tokens.is_none_or(|m| count > m) || !stop.is_empty() {
+        return Err(Reason::MinTokens);
+    }
+    Ok(Some(MinTokens {
+        count,
+        stop_token_ids: stop_token_ids.to_vec(),
+    }))
 }
 
 /// `{"<token id>": bias}` with canonical decimal keys and finite numeric biases (vLLM
@@ -95,6 +126,36 @@ mod tests {
         );
         let neutral = read(&obj(json!({"logit_bias": {}, "repetition_penalty": 1})));
         assert_eq!(neutral.expect("neutral").active_reason(), None);
+    }
+
+    #[test]
+    fn min_tokens_needs_a_limit_and_no_stop_strings() {
+        let b = obj(json!({"min_tokens": 5}));
+        let m = min_tokens(&b, Some(8), &[], &[3]).expect("read");
+        assert_eq!(m.as_ref().map(|m| m.count), Some(5));
+        let m = m.expect("some");
+        assert_eq!((m.left(0), m.left(4), m.left(5), m.left(9)), (5, 1, 0, 0));
+        let mut body = Map::new();
+        m.write(3, 1, &mut body);
+        assert_eq!(body["min_tokens"], json!(1));
+        assert_eq!(body["stop_token_ids"], json!([3]));
+        let mut body = Map::new();
+        m.write(5, 10, &mut body);
+        assert!(body.is_empty());
+        assert_eq!(
+            min_tokens(&obj(json!({"min_tokens": 0})), None, &[], &[]),
+            Ok(None)
+        );
+        let stop = ["x".to_string()];
+        for (b, max, stop) in [
+            (json!({"min_tokens": 5}), None, &[][..]),
+            (json!({"min_tokens": 9}), Some(8), &[][..]),
+            (json!({"min_tokens": 5}), Some(8), &stop[..]),
+            (json!({"min_tokens": 2.0}), Some(8), &[][..]),
+            (json!({"min_tokens": -1}), Some(8), &[][..]),
+        ] {
+            assert_eq!(min_tokens(&obj(b), max, stop, &[]), Err(Reason::MinTokens));
+        }
     }
 
     #[test]

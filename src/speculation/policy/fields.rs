@@ -61,7 +61,6 @@ const SAMPLING: &[(&str, Harmless, Reason)] = &[
 const OUTPUT: &[(&str, Harmless, Reason)] = &[
     ("echo", Harmless::False, Reason::Echo),
     ("prompt_logprobs", Harmless::Null, Reason::PromptLogprobs),
-    ("min_tokens", Harmless::Number(0), Reason::MinTokens),
     ("suffix", Harmless::Null, Reason::Suffix),
     // A bad word of several tokens is matched against the output so far only
     // (vllm/v1/sample/ops/bad_words.py), which a verify call holds as prompt.

@@ -189,6 +189,9 @@ impl SglangBackend {
         if let Some(reason) = s.per_step.active_reason() {
             return Err(reason);
         }
+        if s.min_tokens.is_some() {
+            return Err(PassthroughReason::MinTokens);
+        }
         // `base:adapter` selects a LoRA adapter on SGLang's OpenAI routes.
         if body
             .get("model")
