@@ -67,6 +67,8 @@ pub struct PerStep {
     pub logit_bias: Option<Vec<(u32, f64)>>,
     pub allowed_token_ids: Option<Vec<u32>>,
     pub repetition_penalty: Option<f64>,
+    /// Only words of one token each (the policy checks them with the tokenizer).
+    pub bad_words: Option<Vec<String>>,
 }
 
 impl PerStep {
@@ -79,9 +81,8 @@ impl PerStep {
         if self.repetition_penalty.is_some_and(|p| p != 1.0) {
             return Some(PassthroughReason::Penalty);
         }
-        self.allowed_token_ids
-            .is_some()
-            .then_some(PassthroughReason::UnsupportedParam)
+        let listed = self.allowed_token_ids.is_some() || self.bad_words.is_some();
+        listed.then_some(PassthroughReason::UnsupportedParam)
     }
 
     /// The fields in upstream JSON (vLLM's names; unset stays unset).
@@ -98,6 +99,9 @@ impl PerStep {
         }
         if let Some(p) = self.repetition_penalty {
             m.insert("repetition_penalty".into(), p.into());
+        }
+        if let Some(words) = &self.bad_words {
+            m.insert("bad_words".into(), words.clone().into());
         }
     }
 }

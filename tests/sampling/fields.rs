@@ -193,7 +193,7 @@ async fn speculated_equal_direct(
     up: &str,
     specd: &Specd,
     prompts: usize,
-    cases: fn(&[u32]) -> Vec<Value>,
+    cases: &dyn Fn(usize, &[u32]) -> Vec<Value>,
 ) -> Vec<usize> {
     let n = 20;
     let mut changed = Vec::new();
@@ -201,7 +201,7 @@ async fn speculated_equal_direct(
     for i in 0..prompts {
         let (path, plain_body) = body_for(i, n);
         let truth = answer(up, path, &plain_body).await.1;
-        for (c, extra) in cases(&truth).iter().enumerate() {
+        for (c, extra) in cases(i, &truth).iter().enumerate() {
             changed.resize(changed.len().max(c + 1), 0);
             for stream in [false, true] {
                 let body = with(with(plain_body.clone(), extra), &json!({"stream": stream}));
@@ -251,14 +251,62 @@ async fn specd_on(up: &str, k: &str) -> Specd {
 async fn per_step_fields_are_speculated_and_match_direct() {
     let up = upstream();
     let specd = specd_on(&up, "4").await;
-    speculated_equal_direct(&up, &specd, 6, per_step_cases).await;
+    speculated_equal_direct(&up, &specd, 6, &|_, t| per_step_cases(t)).await;
 }
 
 #[tokio::test]
 async fn min_tokens_is_speculated_and_matches_direct() {
     let up = upstream();
     let specd = specd_on(&up, "4").await;
-    speculated_equal_direct(&up, &specd, 6, min_tokens_cases).await;
+    speculated_equal_direct(&up, &specd, 6, &|_, t| min_tokens_cases(t)).await;
+}
+
+/// Words of the plain answer that are one token each (no leading space: vLLM strips it).
+async fn one_token_words(up: &str, truth: &[u32]) -> Vec<String> {
+    let mut out = Vec::new();
+    for &id in truth {
+        let (_, v) = post(
+            up,
+            "/detokenize",
+            &json!({"model": model_name(), "tokens": [id]}),
+        )
+        .await;
+        let w = v["prompt"].as_str().unwrap_or("").to_string();
+        if w.is_empty() || w.starts_with(char::is_whitespace) || out.contains(&w) {
+            continue;
+        }
+        let b = json!({"model": model_name(), "prompt": w, "add_special_tokens": false});
+        let (_, t) = post(up, "/tokenize", &b).await;
+        if t["tokens"] == json!([id]) {
+            out.push(w);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn one_token_bad_words_are_speculated_and_match_direct() {
+    let up = upstream();
+    let specd = specd_on(&up, "4").await;
+    let mut words = Vec::new();
+    for i in 0..6 {
+        let (path, plain) = body_for(i, 20);
+        let truth = answer(&up, path, &plain).await.1;
+        words.push(one_token_words(&up, &truth).await);
+    }
+    let with_words = words.iter().filter(|w| !w.is_empty()).count();
+    assert!(
+        with_words >= 4,
+        "one-token words in too few answers: {words:?}"
+    );
+    let cases = |i: usize, _: &[u32]| match words[i].first() {
+        Some(first) => vec![
+            json!({"bad_words": [first]}),
+            json!({"bad_words": words[i]}),
+        ],
+        None => Vec::new(),
+    };
+    speculated_equal_direct(&up, &specd, 6, &cases).await;
 }
 
 /// Seeded sampling: every token is the one vLLM samples at that position with specd's
@@ -303,7 +351,11 @@ async fn output_dependent_fields_pass_through_by_reason() {
     for (extra, reason) in [
         (json!({"presence_penalty": 0.5}), "penalty"),
         (json!({"frequency_penalty": 0.5}), "penalty"),
-        (json!({"bad_words": ["the"]}), "unsupported_param"),
+        // Several tokens: banned only after its prefix in the output so far.
+        (
+            json!({"bad_words": ["accumulate values"]}),
+            "unsupported_param",
+        ),
         (json!({"repetition_penalty": "1.2"}), "penalty"),
         (json!({"logit_bias": {"5": "1.0"}}), "logit_bias"),
         (json!({"min_tokens": 4, "stop": ["x"]}), "min_tokens"),

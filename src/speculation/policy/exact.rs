@@ -11,6 +11,11 @@
 //!   in the repetition op). A verify prefix is the original prompt followed by the output
 //!   so far, so the union is the same set.
 //!
+//! - `bad_words` whose words are one token each: vLLM bans a word's last token where the
+//!   output so far ends with the word's other tokens (vllm/v1/sample/ops/bad_words.py,
+//!   `past_tokens_ids` = output ids), so a one-token word is banned at every step, and a
+//!   longer one depends on the output, which a verify call holds as prompt: such requests
+//!   pass through.
 //! - `min_tokens`: masks EOS and the stop token ids while the output is shorter; each
 //!   verify and relay call gets what is left of it at its position (`MinTokens`).
 //!
@@ -20,6 +25,7 @@
 use serde_json::{Map, Value};
 
 use crate::metrics::labels::PassthroughReason as Reason;
+use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::{MinTokens, PerStep};
 
 /// Read the per-step fields, or the reason to forward a value specd does not understand.
@@ -34,11 +40,43 @@ pub fn read(body: &Map<String, Value>) -> Result<PerStep, Reason> {
     let repetition_penalty = field("repetition_penalty")
         .map(|v| penalty(v).ok_or(Reason::Penalty))
         .transpose()?;
+    let bad_words = field("bad_words")
+        .map(|v| words(v).ok_or(Reason::UnsupportedParam))
+        .transpose()?
+        .filter(|w| !w.is_empty());
     Ok(PerStep {
         logit_bias,
         allowed_token_ids,
         repetition_penalty,
+        bad_words,
     })
+}
+
+/// Whether vLLM makes every bad word one token: it encodes the word without leading
+/// whitespace, and with one space before it, keeping the spaced form only where it has as
+/// many tokens (`SamplingParams.update_from_tokenizer`, `add_special_tokens=False`). A
+/// tokenizer vLLM runs as a Python class (the tiktoken format) is not specd's to mirror.
+pub fn one_token_words(tok: &ModelTokenizer, words: &[String]) -> bool {
+    !tok.spaced_specials
+        && words.iter().all(|w| {
+            tok.tokenizer
+                .encode(w.as_str(), false)
+                .is_ok_and(|e| e.get_ids().len() == 1)
+        })
+}
+
+/// A list of non-empty strings that start with no character Python's `str.lstrip` or
+/// Rust's `trim_start` would strip (vLLM strips it; the two disagree on a few).
+fn words(v: &Value) -> Option<Vec<String>> {
+    let strippable = |c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c);
+    v.as_array()?
+        .iter()
+        .map(|w| {
+            let w = w.as_str()?;
+            let first = w.chars().next()?;
+            (!strippable(first)).then(|| w.to_string())
+        })
+        .collect()
 }
 
 /// `min_tokens` (`None` when 0), or the reason to forward it: a value specd does not read
@@ -124,6 +162,9 @@ mod tests {
             read(&obj(json!({"logit_bias": null}))),
             Ok(PerStep::default())
         );
+        assert_eq!(read(&obj(json!({"bad_words": []}))), Ok(PerStep::default()));
+        let words = read(&obj(json!({"bad_words": ["x y"]}))).expect("read");
+        assert_eq!(words.bad_words, Some(vec!["x y".to_string()]));
         let neutral = read(&obj(json!({"logit_bias": {}, "repetition_penalty": 1})));
         assert_eq!(neutral.expect("neutral").active_reason(), None);
     }
@@ -174,6 +215,10 @@ mod tests {
             (json!({"allowed_token_ids": [-1]}), Reason::UnsupportedParam),
             (json!({"repetition_penalty": 0}), Reason::Penalty),
             (json!({"repetition_penalty": "1.2"}), Reason::Penalty),
+            (json!({"bad_words": [""]}), Reason::UnsupportedParam),
+            (json!({"bad_words": [" x"]}), Reason::UnsupportedParam),
+            (json!({"bad_words": "x"}), Reason::UnsupportedParam),
+            (json!({"bad_words": [1]}), Reason::UnsupportedParam),
         ] {
             assert_eq!(read(&obj(b.clone())), Err(reason), "{b}");
         }

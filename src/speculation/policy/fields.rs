@@ -62,9 +62,6 @@ const OUTPUT: &[(&str, Harmless, Reason)] = &[
     ("echo", Harmless::False, Reason::Echo),
     ("prompt_logprobs", Harmless::Null, Reason::PromptLogprobs),
     ("suffix", Harmless::Null, Reason::Suffix),
-    // A bad word of several tokens is matched against the output so far only
-    // (vllm/v1/sample/ops/bad_words.py), which a verify call holds as prompt.
-    ("bad_words", Harmless::Null, Reason::UnsupportedParam),
     ("logits_processors", Harmless::Null, Reason::UnsupportedParam),
     ("lora_request", Harmless::Null, Reason::UnsupportedParam),
     ("vllm_xargs", Harmless::Null, Reason::UnsupportedParam),

@@ -37,8 +37,12 @@ fn passthrough_reasons() {
         (json!({"prompt": "a", "logit_bias": {"a": 2}}), "logit_bias"),
         (json!({"prompt": "a", "repetition_penalty": -1}), "penalty"),
         (
-            json!({"prompt": "a", "bad_words": ["x"]}),
+            json!({"prompt": "a", "bad_words": [" x"]}),
             "unsupported_param",
+        ),
+        (
+            json!({"prompt": "a", "min_tokens": 2, "stop": "x", "max_tokens": 4}),
+            "min_tokens",
         ),
         (json!({"prompt": ["a", "b"]}), "multiple_prompts"),
         (

@@ -96,6 +96,13 @@ fn what_specd_cannot_reproduce_passes_through() {
             },
             PassthroughReason::UnsupportedParam,
         ),
+        (
+            PerStep {
+                bad_words: Some(vec!["x".into()]),
+                ..PerStep::default()
+            },
+            PassthroughReason::UnsupportedParam,
+        ),
     ] {
         let mut s = Sampling {
             per_step,
