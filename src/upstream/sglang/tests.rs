@@ -4,7 +4,7 @@
 
 use super::wire::*;
 use super::*;
-use crate::upstream::verify::PerStep;
+use crate::upstream::verify::{MinTokens, PerStep};
 
 fn backend(settings: SglangSettings, defaults: ModelDefaults) -> SglangBackend {
     let args = <crate::config::ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
@@ -110,6 +110,17 @@ fn what_specd_cannot_reproduce_passes_through() {
         };
         assert_eq!(b.prepare_sampling(false, &Map::new(), &mut s), Err(reason));
     }
+    let mut s = Sampling {
+        min_tokens: Some(MinTokens {
+            count: 3,
+            stop_token_ids: Vec::new(),
+        }),
+        ..Sampling::default()
+    };
+    assert_eq!(
+        b.prepare_sampling(false, &Map::new(), &mut s),
+        Err(PassthroughReason::MinTokens)
+    );
     for body in [
         json!({"regex": "a+"}),
         json!({"json_schema": "{}"}),
