@@ -110,7 +110,7 @@ fn what_specd_cannot_reproduce_passes_through() {
         };
         assert_eq!(b.prepare_sampling(false, &Map::new(), &mut s), Err(reason));
     }
-    let mut s = Sampling {
+    let mut with_min = Sampling {
         min_tokens: Some(MinTokens {
             count: 3,
             stop_token_ids: Vec::new(),
@@ -118,7 +118,7 @@ fn what_specd_cannot_reproduce_passes_through() {
         ..Sampling::default()
     };
     assert_eq!(
-        b.prepare_sampling(false, &Map::new(), &mut s),
+        b.prepare_sampling(false, &Map::new(), &mut with_min),
         Err(PassthroughReason::MinTokens)
     );
     for body in [
