@@ -85,6 +85,14 @@ impl PerStep {
         listed.then_some(PassthroughReason::UnsupportedParam)
     }
 
+    /// The largest token id the fields name.
+    pub fn max_token_id(&self) -> Option<u32> {
+        let biased = self.logit_bias.iter().flatten().map(|(id, _)| *id);
+        biased
+            .chain(self.allowed_token_ids.iter().flatten().copied())
+            .max()
+    }
+
     /// The fields in upstream JSON (vLLM's names; unset stays unset).
     pub fn write(&self, m: &mut Map<String, Value>) {
         if let Some(bias) = &self.logit_bias {

@@ -359,6 +359,12 @@ async fn output_dependent_fields_pass_through_by_reason() {
         (json!({"repetition_penalty": "1.2"}), "penalty"),
         (json!({"logit_bias": {"5": "1.0"}}), "logit_bias"),
         (json!({"min_tokens": 4, "stop": ["x"]}), "min_tokens"),
+        // Outside the vocabulary: vLLM's own error, streamed or not.
+        (json!({"logit_bias": {"99999": 1}}), "logit_bias"),
+        (
+            json!({"allowed_token_ids": [99999], "stream": true}),
+            "unsupported_param",
+        ),
         (json!({"min_tokens": 9}), "min_tokens"),
         (json!({"min_tokens": 4, "max_tokens": null}), "min_tokens"),
     ] {
@@ -368,6 +374,10 @@ async fn output_dependent_fields_pass_through_by_reason() {
         let (s, v) = post(&specd.url, "/v1/completions", &b).await;
         let (ds, dv) = post(&up, "/v1/completions", &b).await;
         assert_eq!((s, token_ids(&v)), (ds, token_ids(&dv)), "{extra}");
+        if ds != 200 || b["stream"] == json!(true) {
+            // Errors (vLLM streams one as an event) are the upstream's, byte for byte.
+            assert_eq!(v, dv, "{extra}");
+        }
         assert!(v["usage"].get("speculation").is_none(), "{extra}");
         let after = metric_value(&specd.metrics().await, &sel).unwrap_or(0.0);
         assert_eq!(after, before + 1.0, "{extra}");

@@ -52,6 +52,22 @@ pub fn read(body: &Map<String, Value>) -> Result<PerStep, Reason> {
     })
 }
 
+/// What needs the model's tokenizer: bad words of several tokens depend on the output so
+/// far; a token id outside the vocabulary is vLLM's to refuse (its status and message,
+/// streamed or not).
+pub fn check(p: &PerStep, tok: &ModelTokenizer) -> Result<(), Reason> {
+    let words = p.bad_words.as_deref();
+    if words.is_some_and(|w| !one_token_words(tok, w)) {
+        return Err(Reason::UnsupportedParam);
+    }
+    match p.max_token_id() {
+        Some(id) if id as usize >= tok.vocab_size => {
+            Err(p.active_reason().unwrap_or(Reason::UnsupportedParam))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether vLLM makes every bad word one token: it encodes the word without leading
 /// whitespace, and with one space before it, keeping the spaced form only where it has as
 /// many tokens (`SamplingParams.update_from_tokenizer`, `add_special_tokens=False`). A
@@ -108,8 +124,7 @@ pub fn min_tokens(
 }
 
 /// `{"<token id>": bias}` with canonical decimal keys and finite numeric biases (vLLM
-/// clamps them to ±100 itself; an id outside the vocabulary is refused by vLLM on the
-/// first verify call, with its own message).
+/// clamps them to ±100 itself; ids outside the vocabulary are checked in [`check`]).
 fn logit_bias(v: &Value) -> Option<Vec<(u32, f64)>> {
     v.as_object()?
         .iter()

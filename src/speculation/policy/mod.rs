@@ -91,10 +91,8 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
         return pass(reason, gen);
     }
-    // Bad words of several tokens depend on the output so far (`exact`).
-    let words = gen.sampling.per_step.bad_words.as_deref();
-    if words.is_some_and(|w| !exact::one_token_words(&tokenizer, w)) {
-        return pass(Reason::UnsupportedParam, gen);
+    if let Err(reason) = exact::check(&gen.sampling.per_step, &tokenizer) {
+        return pass(reason, gen);
     }
     // Plain completions are never parsed by vLLM, whatever its parsers. The parsing is
     // vLLM's: SGLang's parsers (and field names) are not reproduced.
