@@ -3,6 +3,8 @@
 //! specd verifying a fixed draft. Significance level fixed in advance: alpha = 0.001.
 
 mod common;
+#[path = "sampling/fields.rs"]
+mod fields;
 
 use std::collections::HashMap;
 

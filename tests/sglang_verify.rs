@@ -53,6 +53,7 @@ async fn verify(b: &SglangBackend, ctx: &[u32], drafts: &[u32], s: &Sampling) ->
     b.verify(VerifyRequest {
         model: "specd-target",
         context: ctx,
+        generated: 0,
         drafts,
         sampling: s,
     })
@@ -133,6 +134,7 @@ async fn out_of_vocabulary_drafts_never_reach_the_server() {
             .verify(VerifyRequest {
                 model: "specd-target",
                 context: &[0, 5, 70_000],
+                generated: 0,
                 drafts: &[],
                 sampling: &greedy(None),
             })

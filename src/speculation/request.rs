@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::policy::fields;
+use super::policy::{exact, fields};
 use crate::config::SpecMode;
 use crate::error::ApiError;
 use crate::metrics::labels::PassthroughReason;
@@ -88,14 +88,26 @@ pub fn parse(
     let Value::Object(body) = whole else {
         return Err(bad("request body must be a JSON object"));
     };
-    let gen = validate(endpoint, typed, spec, body)?;
-    Ok(match fields::request_reason(endpoint, &gen.body) {
-        Some(reason) => Intake::Passthrough {
+    let mut gen = validate(endpoint, typed, spec, body)?;
+    Ok(match sampling_fields(endpoint, &mut gen) {
+        Err(reason) => Intake::Passthrough {
             reason,
             body: gen.body,
         },
-        None => Intake::Speculate(Box::new(gen)),
+        Ok(()) => Intake::Speculate(Box::new(gen)),
     })
+}
+
+/// The policy's verdict on the request's fields; where it speculates, the sampling fields
+/// to forward on every upstream call.
+fn sampling_fields(endpoint: Endpoint, gen: &mut GenRequest) -> Result<(), PassthroughReason> {
+    if let Some(reason) = fields::request_reason(endpoint, &gen.body) {
+        return Err(reason);
+    }
+    gen.sampling.per_step = exact::read(&gen.body)?;
+    let (max, stop, ids) = (gen.max_tokens, &gen.stop, &gen.stop_token_ids);
+    gen.sampling.min_tokens = exact::min_tokens(&gen.body, max, stop, ids)?;
+    Ok(())
 }
 
 /// The typed view; a field that does not read is named in the error.
@@ -155,6 +167,8 @@ fn validate(
             // vLLM takes any signed 64-bit seed.
             seed: b.seed.map(|s| s as u64),
             logprobs: n_top,
+            per_step: Default::default(),
+            min_tokens: None,
         },
         max_tokens,
         stop: b.stop,

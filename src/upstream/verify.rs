@@ -20,6 +20,10 @@ pub struct Sampling {
     pub seed: Option<u64>,
     /// Number of top logprobs wanted per token; `None` when the client asked for none.
     pub logprobs: Option<u32>,
+    /// vLLM only: SGLang's backend forwards requests that set them.
+    pub per_step: PerStep,
+    /// vLLM only, like `per_step`; depends on the position, so each call gets its own.
+    pub min_tokens: Option<MinTokens>,
 }
 
 impl Sampling {
@@ -50,7 +54,93 @@ impl Sampling {
         if let Some(p) = self.min_p {
             m.insert("min_p".into(), p.into());
         }
+        self.per_step.write(&mut m);
         m
+    }
+}
+
+/// The sampling fields vLLM applies at each step from that step's prompt alone (read by
+/// `speculation::policy::exact`, which says why each is reproduced exactly).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PerStep {
+    /// Token id → bias, in the client's order.
+    pub logit_bias: Option<Vec<(u32, f64)>>,
+    pub allowed_token_ids: Option<Vec<u32>>,
+    pub repetition_penalty: Option<f64>,
+    /// Only words of one token each (the policy checks them with the tokenizer).
+    pub bad_words: Option<Vec<String>>,
+}
+
+impl PerStep {
+    /// Set to a value that changes the output (SGLang does not reproduce these: its
+    /// backend forwards the request): the reason it would pass through under.
+    pub fn active_reason(&self) -> Option<PassthroughReason> {
+        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+            return Some(PassthroughReason::LogitBias);
+        }
+        if self.repetition_penalty.is_some_and(|p| p != 1.0) {
+            return Some(PassthroughReason::Penalty);
+        }
+        let listed = self.allowed_token_ids.is_some() || self.bad_words.is_some();
+        listed.then_some(PassthroughReason::UnsupportedParam)
+    }
+
+    /// The largest token id the fields name.
+    pub fn max_token_id(&self) -> Option<u32> {
+        let biased = self.logit_bias.iter().flatten().map(|(id, _)| *id);
+        biased
+            .chain(self.allowed_token_ids.iter().flatten().copied())
+            .max()
+    }
+
+    /// The fields in upstream JSON (vLLM's names; unset stays unset).
+    pub fn write(&self, m: &mut Map<String, Value>) {
+        if let Some(bias) = &self.logit_bias {
+            let obj: Map<String, Value> = bias
+                .iter()
+                .map(|(id, b)| (id.to_string(), Value::from(*b)))
+                .collect();
+            m.insert("logit_bias".into(), obj.into());
+        }
+        if let Some(ids) = &self.allowed_token_ids {
+            m.insert("allowed_token_ids".into(), ids.clone().into());
+        }
+        if let Some(p) = self.repetition_penalty {
+            m.insert("repetition_penalty".into(), p.into());
+        }
+        if let Some(words) = &self.bad_words {
+            m.insert("bad_words".into(), words.clone().into());
+        }
+    }
+}
+
+/// `min_tokens` as vLLM applies it: EOS and every stop token id are masked while fewer
+/// than `count` tokens have been generated (vllm/v1/sample/logits_processor/builtin.py
+/// `MinTokensLogitsProcessor`, over `SamplingParams.all_stop_token_ids`: the EOS, the
+/// model's further EOS ids and `stop_token_ids`, even with `ignore_eos`). A call whose
+/// first token is output token `i` gets `count − i` of its own, with the stop token ids
+/// so that they are masked too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MinTokens {
+    pub count: u32,
+    pub stop_token_ids: Vec<u32>,
+}
+
+impl MinTokens {
+    /// Tokens still under the mask when `generated` tokens precede the call.
+    pub fn left(&self, generated: usize) -> u32 {
+        let generated = u32::try_from(generated).unwrap_or(u32::MAX);
+        self.count.saturating_sub(generated)
+    }
+
+    /// The fields of a call of at most `max_tokens` tokens after `generated` ones (vLLM
+    /// refuses `min_tokens` above `max_tokens`); nothing once the mask has ended.
+    pub fn write(&self, generated: usize, max_tokens: u32, m: &mut Map<String, Value>) {
+        let left = self.left(generated).min(max_tokens);
+        if left > 0 {
+            m.insert("min_tokens".into(), left.into());
+            m.insert("stop_token_ids".into(), self.stop_token_ids.clone().into());
+        }
     }
 }
 
@@ -87,6 +177,8 @@ pub struct VerifyRequest<'a> {
     /// Model name to put in upstream requests.
     pub model: &'a str,
     pub context: &'a [u32],
+    /// Output tokens at the end of `context` (for `min_tokens`).
+    pub generated: usize,
     pub drafts: &'a [u32],
     pub sampling: &'a Sampling,
 }
@@ -94,6 +186,8 @@ pub struct VerifyRequest<'a> {
 pub struct RelayRequest<'a> {
     pub model: &'a str,
     pub context: &'a [u32],
+    /// Output tokens at the end of `context` (for `min_tokens`).
+    pub generated: usize,
     pub sampling: &'a Sampling,
     pub max_tokens: u32,
 }

@@ -167,40 +167,67 @@ impl VllmBackend {
             })
             .collect();
         let timeout = self.up.verify_timeout();
-        match req.sampling.seed {
-            None => {
-                let mut body = self.body(req.model, req.sampling);
-                body.insert("prompt".into(), json!(prefixes));
-                let v = self
-                    .up
-                    .post_json_retry(
-                        "/v1/completions",
-                        &Value::Object(body),
-                        timeout,
-                        self.auth.as_ref(),
-                    )
-                    .await?;
-                parse_verify_response(&v, k + 1, want_top)
-            }
-            Some(seed) => {
-                // vLLM gives every prompt of one request the same random stream, so each
-                // position is its own request with its own seed (batched by the engine).
-                let calls = prefixes.iter().map(|p| {
-                    let mut body = self.body(req.model, req.sampling);
-                    body.insert("seed".into(), position_seed(seed, p.len()).into());
-                    body.insert("prompt".into(), json!([p]));
-                    let body = Value::Object(body);
-                    async move {
-                        let v = self
-                            .up
-                            .post_json_retry("/v1/completions", &body, timeout, self.auth.as_ref())
-                            .await?;
-                        parse_verify_response(&v, 1, want_top).map(|mut s| s.remove(0))
-                    }
-                });
-                join_all(calls).await.into_iter().collect()
+        let auth = self.auth.as_ref();
+        let calls = self
+            .verify_calls(&req, &prefixes)
+            .into_iter()
+            .map(|(at, body)| {
+                let body = Value::Object(body);
+                async move {
+                    let v = self
+                        .up
+                        .post_json_retry("/v1/completions", &body, timeout, auth)
+                        .await?;
+                    Ok::<_, ApiError>((at.clone(), parse_verify_response(&v, at.len(), want_top)?))
+                }
+            });
+        let mut out: Vec<Option<Sample>> = vec![None; k + 1];
+        for r in join_all(calls).await {
+            let (at, samples) = r?;
+            for (j, s) in at.into_iter().zip(samples) {
+                out[j] = Some(s);
             }
         }
+        out.into_iter()
+            .map(|s| s.ok_or_else(|| ApiError::UpstreamProtocol("verify misses a prefix".into())))
+            .collect()
+    }
+
+    /// The upstream calls of one verify: which prefixes each samples after, and its body.
+    /// Unseeded, one call takes every prefix, or two where only the first positions are
+    /// still under `min_tokens`. Seeded, each position is a call with its own seed: vLLM
+    /// gives every prompt of one request the same random stream (batched by the engine).
+    fn verify_calls(
+        &self,
+        req: &VerifyRequest<'_>,
+        prefixes: &[Vec<u32>],
+    ) -> Vec<(Vec<usize>, Map<String, Value>)> {
+        let min = req.sampling.min_tokens.as_ref();
+        let masked = |j: usize| min.is_some_and(|m| m.left(req.generated + j) > 0);
+        let groups: Vec<Vec<usize>> = match req.sampling.seed {
+            Some(_) => (0..prefixes.len()).map(|j| vec![j]).collect(),
+            None => {
+                let (held, free): (Vec<usize>, Vec<usize>) =
+                    (0..prefixes.len()).partition(|&j| masked(j));
+                [held, free].into_iter().filter(|g| !g.is_empty()).collect()
+            }
+        };
+        groups
+            .into_iter()
+            .map(|at| {
+                let mut body = self.body(req.model, req.sampling);
+                if let Some(m) = min {
+                    m.write(req.generated + at[0], 1, &mut body);
+                }
+                if let Some(seed) = req.sampling.seed {
+                    let pos = prefixes[at[0]].len();
+                    body.insert("seed".into(), position_seed(seed, pos).into());
+                }
+                let prompts: Vec<&Vec<u32>> = at.iter().map(|&j| &prefixes[j]).collect();
+                body.insert("prompt".into(), json!(prompts));
+                (at, body)
+            })
+            .collect()
     }
 
     async fn tokenize(&self, body: Value) -> Result<Tokenized, ApiError> {
@@ -235,7 +262,16 @@ impl VllmBackend {
 
     async fn relay_impl(&self, req: RelayRequest<'_>) -> Result<SampleStream, ApiError> {
         let mut body = self.body(req.model, req.sampling);
-        body.insert("max_tokens".into(), req.max_tokens.into());
+        let mut max_tokens = req.max_tokens;
+        if let Some(m) = &req.sampling.min_tokens {
+            if m.left(req.generated) > 0 {
+                // Relay only the masked tokens: after them a stop token id would end
+                // vLLM's continuation, and specd relays again from there.
+                max_tokens = max_tokens.min(m.left(req.generated));
+                m.write(req.generated, max_tokens, &mut body);
+            }
+        }
+        body.insert("max_tokens".into(), max_tokens.into());
         body.insert("prompt".into(), json!(req.context));
         body.insert("stream".into(), true.into());
         body.insert("ignore_eos".into(), true.into());

@@ -82,6 +82,7 @@ async fn main() -> anyhow::Result<()> {
                 .verify(VerifyRequest {
                     model: &model,
                     context: &c,
+                    generated: 0,
                     drafts: &drafts,
                     sampling: &sampling,
                 })
@@ -93,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
                 .verify(VerifyRequest {
                     model: &model,
                     context: &c,
+                    generated: 0,
                     drafts: &[],
                     sampling: &sampling,
                 })

@@ -16,8 +16,6 @@ enum Harmless {
     Null,
     /// `null`, or this number written as an integer or a float.
     Number(i64),
-    /// `null` or an empty object.
-    EmptyObject,
     /// `null` or false (read laxly, as the upstream reads it).
     False,
     /// `null` or a `response_format` of type "text".
@@ -32,7 +30,6 @@ impl Harmless {
         match self {
             Harmless::Null => false,
             Harmless::Number(n) => *v == n || *v == n as f64,
-            Harmless::EmptyObject => v.as_object().is_some_and(Map::is_empty),
             Harmless::False => lax::boolean(v) == Some(false),
             Harmless::TextFormat => v.get("type").and_then(Value::as_str) == Some("text"),
         }
@@ -46,11 +43,10 @@ impl Harmless {
 const SAMPLING: &[(&str, Harmless, Reason)] = &[
     ("n", Harmless::Number(1), Reason::N),
     ("best_of", Harmless::Number(1), Reason::BestOf),
-    ("logit_bias", Harmless::EmptyObject, Reason::LogitBias),
-    // Penalties: the upstream counts output tokens, which in a verify call are prompt.
+    // Penalties on output tokens only, which in a verify call are prompt (the repetition
+    // penalty counts prompt and output alike: `exact`).
     ("presence_penalty", Harmless::Number(0), Reason::Penalty),
     ("frequency_penalty", Harmless::Number(0), Reason::Penalty),
-    ("repetition_penalty", Harmless::Number(1), Reason::Penalty),
     // Guided decoding constrains sampling inside the server.
     ("response_format", Harmless::TextFormat, Reason::GuidedDecoding),
     ("guided_json", Harmless::Null, Reason::GuidedDecoding),
@@ -65,10 +61,7 @@ const SAMPLING: &[(&str, Harmless, Reason)] = &[
 const OUTPUT: &[(&str, Harmless, Reason)] = &[
     ("echo", Harmless::False, Reason::Echo),
     ("prompt_logprobs", Harmless::Null, Reason::PromptLogprobs),
-    ("min_tokens", Harmless::Number(0), Reason::MinTokens),
     ("suffix", Harmless::Null, Reason::Suffix),
-    ("allowed_token_ids", Harmless::Null, Reason::UnsupportedParam),
-    ("bad_words", Harmless::Null, Reason::UnsupportedParam),
     ("logits_processors", Harmless::Null, Reason::UnsupportedParam),
     ("lora_request", Harmless::Null, Reason::UnsupportedParam),
     ("vllm_xargs", Harmless::Null, Reason::UnsupportedParam),

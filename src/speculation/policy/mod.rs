@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+pub mod exact;
 pub mod fields;
 
 use super::controller::Controller;
@@ -88,6 +89,9 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     // The upstream may fill sampling defaults of its own, or apply what specd cannot.
     let chat = gen.endpoint == Endpoint::Chat;
     if let Err(reason) = backend.prepare(chat, &gen.body, &mut gen.sampling) {
+        return pass(reason, gen);
+    }
+    if let Err(reason) = exact::check(&gen.sampling.per_step, &tokenizer) {
         return pass(reason, gen);
     }
     // Plain completions are never parsed by vLLM, whatever its parsers. The parsing is

@@ -34,7 +34,16 @@ fn passthrough_reasons() {
     for (b, reason) in [
         (json!({"prompt": "a", "n": 2}), "n"),
         (json!({"prompt": "a", "presence_penalty": 0.5}), "penalty"),
-        (json!({"prompt": "a", "logit_bias": {"1": 2}}), "logit_bias"),
+        (json!({"prompt": "a", "logit_bias": {"a": 2}}), "logit_bias"),
+        (json!({"prompt": "a", "repetition_penalty": -1}), "penalty"),
+        (
+            json!({"prompt": "a", "bad_words": [" x"]}),
+            "unsupported_param",
+        ),
+        (
+            json!({"prompt": "a", "min_tokens": 2, "stop": "x", "max_tokens": 4}),
+            "min_tokens",
+        ),
         (json!({"prompt": ["a", "b"]}), "multiple_prompts"),
         (
             json!({"prompt": ["a", "b"], "max_tokens": "x"}),
@@ -55,6 +64,15 @@ fn passthrough_reasons() {
         None,
     );
     assert!(matches!(ok, Ok(Intake::Speculate(_))));
+    let b = json!({"prompt": "a", "logit_bias": {"7": -100}, "allowed_token_ids": [7, 8],
+        "repetition_penalty": 1.3});
+    let Ok(Intake::Speculate(gen)) = parse(Endpoint::Completions, obj(b), None) else {
+        panic!("per-step fields are speculated");
+    };
+    let s = &gen.sampling.per_step;
+    assert_eq!(s.logit_bias, Some(vec![(7, -100.0)]));
+    assert_eq!(s.allowed_token_ids, Some(vec![7, 8]));
+    assert_eq!(s.repetition_penalty, Some(1.3));
 }
 
 #[test]

@@ -44,6 +44,7 @@ pub(super) async fn relay(
             .relay(RelayRequest {
                 model: &l.p.model,
                 context: &l.ctx,
+                generated: gen.generated as usize,
                 sampling: &l.p.sampling,
                 max_tokens: gen.remaining(),
             })

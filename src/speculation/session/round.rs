@@ -178,6 +178,7 @@ async fn verify_overlapped(
     let verify = l.d.backend.verify(VerifyRequest {
         model: &l.p.model,
         context: &l.ctx,
+        generated: l.ctx.len().saturating_sub(l.p.prompt.len()),
         drafts,
         sampling: &l.p.sampling,
     });

@@ -184,6 +184,14 @@ impl SglangBackend {
         }) {
             return Err(PassthroughReason::UnsupportedParam);
         }
+        // SGLang's penalizers count output tokens only (a verify prefix is all input), and
+        // the rest are vLLM's fields.
+        if let Some(reason) = s.per_step.active_reason() {
+            return Err(reason);
+        }
+        if s.min_tokens.is_some() {
+            return Err(PassthroughReason::MinTokens);
+        }
         // `base:adapter` selects a LoRA adapter on SGLang's OpenAI routes.
         if body
             .get("model")

@@ -4,6 +4,7 @@
 
 use super::wire::*;
 use super::*;
+use crate::upstream::verify::{MinTokens, PerStep};
 
 fn backend(settings: SglangSettings, defaults: ModelDefaults) -> SglangBackend {
     let args = <crate::config::ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
@@ -71,6 +72,55 @@ fn what_specd_cannot_reproduce_passes_through() {
     let neutral = obj(json!({"repetition_penalty": 1.0}));
     assert!(b.prepare_sampling(true, &neutral, &mut s).is_ok());
     assert!(b.prepare_sampling(false, &Map::new(), &mut s).is_ok());
+    // vLLM's per-step fields: SGLang penalizes output tokens only, and the rest are not
+    // SGLang's to reproduce.
+    for (per_step, reason) in [
+        (
+            PerStep {
+                repetition_penalty: Some(1.3),
+                ..PerStep::default()
+            },
+            PassthroughReason::Penalty,
+        ),
+        (
+            PerStep {
+                logit_bias: Some(vec![(5, 1.0)]),
+                ..PerStep::default()
+            },
+            PassthroughReason::LogitBias,
+        ),
+        (
+            PerStep {
+                allowed_token_ids: Some(vec![5]),
+                ..PerStep::default()
+            },
+            PassthroughReason::UnsupportedParam,
+        ),
+        (
+            PerStep {
+                bad_words: Some(vec!["x".into()]),
+                ..PerStep::default()
+            },
+            PassthroughReason::UnsupportedParam,
+        ),
+    ] {
+        let mut s = Sampling {
+            per_step,
+            ..Sampling::default()
+        };
+        assert_eq!(b.prepare_sampling(false, &Map::new(), &mut s), Err(reason));
+    }
+    let mut with_min = Sampling {
+        min_tokens: Some(MinTokens {
+            count: 3,
+            stop_token_ids: Vec::new(),
+        }),
+        ..Sampling::default()
+    };
+    assert_eq!(
+        b.prepare_sampling(false, &Map::new(), &mut with_min),
+        Err(PassthroughReason::MinTokens)
+    );
     for body in [
         json!({"regex": "a+"}),
         json!({"json_schema": "{}"}),
