@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# specd's own CPU per streamed token: a release specd in front of specd-sim (the field's
+# latency model), N sequential 400-token streams, CPU time of the specd process (user +
+# system, from /proc) divided by the tokens. Prints one line per mode:
+#   passthrough  speculation off: bytes forwarded as they come
+#   relay        `auto` with hopeless drafts (every request watched): specd decodes and
+#                re-encodes each token, drafts and decides beside it
+# With STRACE=1 it also counts the process's system calls (futex per token shows task
+# hand-offs). Build first: cargo build --release --bin specd --bin specd-sim
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=${SPECD_RELEASE_DIR:-target/release}
+SPECD=${SPECD:-$B/specd}
+N=${N:-5}
+TOK=${SPECD_TOKENIZER:-${SPECD_CACHE_DIR:-$HOME/.cache/specd}/models/target}
+work=$(mktemp -d)
+cleanup() { kill "${SP:-}" "${SIM:-}" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+wait_line() { for _ in $(seq 150); do grep -q "$2" "$1" && return 0; sleep 0.2; done; return 1; }
+
+"$B/specd-sim" serve --tokenizer "$TOK" --listen 127.0.0.1:0 > "$work/sim.out" 2>&1 &
+SIM=$!
+wait_line "$work/sim.out" "127.0.0.1:[0-9]" || { echo "specd-sim did not start" >&2; exit 1; }
+UP=http://$(grep -o "127.0.0.1:[0-9]*" "$work/sim.out" | head -1)
+"$SPECD" serve --upstream "$UP" --listen 127.0.0.1:0 --enable-test-drafters --tokenizer "$TOK" \
+    --controller-watch-every 1 > "$work/specd.out" 2>&1 &
+SP=$!
+wait_line "$work/specd.out" "api listening on" || { echo "specd did not start" >&2; exit 1; }
+URL=$(grep -o "api listening on http://127.0.0.1:[0-9]*" "$work/specd.out" | grep -o "http.*")
+until curl -sf "$URL/readyz" >/dev/null; do sleep 0.3; done
+
+ticks() { awk '{print $14 + $15}' "/proc/$SP/stat"; }
+measure() {
+    local name=$1 spec=$2
+    local body='{"model":"specd-sim","prompt":"hello there","max_tokens":400,"temperature":0,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},"speculation":'"$spec"'}'
+    for _ in 1 2; do curl -s "$URL/v1/completions" -H 'content-type: application/json' -d "$body" >/dev/null; done
+    local st="" t0 t1
+    if [ "${STRACE:-}" = 1 ]; then
+        strace -f -c -p "$SP" -o "$work/strace" 2>/dev/null & st=$!
+        sleep 1
+    fi
+    t0=$(ticks)
+    for _ in $(seq "$N"); do
+        curl -s "$URL/v1/completions" -H 'content-type: application/json' -d "$body" > "$work/last.sse"
+    done
+    t1=$(ticks)
+    local tokens=$((N * 400)) hz
+    hz=$(getconf CLK_TCK)
+    local extra=""
+    if [ -n "$st" ]; then
+        kill -INT "$st"; wait "$st" 2>/dev/null
+        extra=$(awk -v n=$tokens '$NF=="futex"{f=$4} $NF=="total"{t=$4} END {printf " syscalls/token %.2f, futex/token %.2f", t/n, f/n}' "$work/strace")
+    fi
+    local relayed
+    relayed=$(grep -o '"relay_tokens":[0-9]*' "$work/last.sse" | tail -1 | cut -d: -f2)
+    awk -v name="$name" -v d=$((t1 - t0)) -v hz="$hz" -v n=$tokens -v r="${relayed:--}" -v x="$extra" \
+        'BEGIN {printf "%-12s %6.1f us/token (%d tokens, relayed of the last 400: %s)%s\n", name, d / hz * 1e6 / n, n, r, x}'
+}
+measure passthrough '{"mode":"off"}'
+measure relay '{"mode":"auto","drafter":"adversarial","oracle_tokens":[5,6,7,8,9,10,11,12]}'
