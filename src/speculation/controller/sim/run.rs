@@ -103,6 +103,8 @@ pub struct Sim<'a> {
     start: Instant,
     out: Outcome,
     next_id: u64,
+    /// Print every decision (`SPECD_SIM_TRACE`), read once: the harness makes millions.
+    trace: bool,
 }
 
 /// The true token at position `g`, and a wrong one.
@@ -128,11 +130,23 @@ impl<'a> Sim<'a> {
             rng: fastrand::Rng::with_seed(sc.seed),
             out: Outcome::default(),
             next_id: 0,
+            trace: std::env::var_os("SPECD_SIM_TRACE").is_some(),
         }
     }
 
     fn now(&self) -> Instant {
         self.clock.now()
+    }
+
+    fn trace(&self, generated: u32, what: &dyn std::fmt::Debug) {
+        if self.trace {
+            let ms = self
+                .now()
+                .saturating_duration_since(self.start)
+                .as_secs_f64()
+                * 1e3;
+            println!("{ms:8.1} ms g={generated} {what:?}");
+        }
     }
 
     fn new_request(&mut self) -> (Work, Request) {
@@ -213,17 +227,7 @@ impl<'a> Sim<'a> {
             self.ctl
                 .plan_round(&mut r.ctl, mode, DRAFTER, &p, remaining as usize)
         };
-        if std::env::var_os("SPECD_SIM_TRACE").is_some() {
-            println!(
-                "{:8.1} ms g={} {:?}",
-                self.now()
-                    .saturating_duration_since(self.start)
-                    .as_secs_f64()
-                    * 1e3,
-                r.generated,
-                decision
-            );
-        }
+        self.trace(r.generated, &decision);
         match decision {
             Decision::Speculate(k) => {
                 p.tokens.truncate(k);
@@ -440,16 +444,7 @@ impl Sim<'_> {
             };
         }
         for _ in 0..held {
-            if std::env::var_os("SPECD_SIM_TRACE").is_some() {
-                println!(
-                    "{:8.1} ms g={} relayed",
-                    self.now()
-                        .saturating_duration_since(self.start)
-                        .as_secs_f64()
-                        * 1e3,
-                    s.req.generated
-                );
-            }
+            self.trace(s.req.generated, &"relayed");
             t.arrived(&self.ctl, self.now());
             let id = truth(s.req.generated);
             if !self.emit(s, 1, false) {
