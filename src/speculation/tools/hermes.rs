@@ -33,17 +33,23 @@ pub fn extract(text: &str) -> Extracted {
 /// The bodies `re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", DOTALL)`
 /// captures: closed regions in order, then at most one open to the end.
 fn regions(text: &str) -> Vec<&str> {
+    scan(text).into_iter().map(|(body, _)| body).collect()
+}
+
+/// Each `<tool_call>` region's body and whether its end tag came: closed regions in
+/// order, then at most one open to the end of `text`.
+fn scan(text: &str) -> Vec<(&str, bool)> {
     let mut out = Vec::new();
     let mut pos = 0;
     while let Some(s) = text[pos..].find(START) {
         let body = pos + s + START.len();
         match text[body..].find(END) {
             Some(e) => {
-                out.push(&text[body..body + e]);
+                out.push((&text[body..body + e], true));
                 pos = body + e + END.len();
             }
             None => {
-                out.push(&text[body..]);
+                out.push((&text[body..], false));
                 break;
             }
         }
@@ -207,24 +213,15 @@ impl Stream {
 /// `_extract_tool_call_jsons`: each region's stripped JSON text and whether it is
 /// complete (closed, or an open region that already parses).
 fn call_jsons(text: &str) -> Vec<(&str, bool)> {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while let Some(s) = text[pos..].find(START) {
-        let body = pos + s + START.len();
-        match text[body..].find(END) {
-            Some(e) => {
-                out.push((strip(&text[body..body + e]), true));
-                pos = body + e + END.len();
+    scan(text)
+        .into_iter()
+        .map(|(body, closed)| {
+            if closed {
+                return (strip(body), true);
             }
-            None => {
-                let raw = &text[body..];
-                let raw = &raw[..raw.len() - partial_overlap(raw, END)];
-                let tc = strip(raw);
-                let complete = !tc.is_empty() && pyjson::loads(tc).is_some();
-                out.push((tc, complete));
-                break;
-            }
-        }
-    }
-    out
+            let raw = &body[..body.len() - partial_overlap(body, END)];
+            let tc = strip(raw);
+            (tc, !tc.is_empty() && pyjson::loads(tc).is_some())
+        })
+        .collect()
 }
