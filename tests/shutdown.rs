@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use common::fault::{self, continuation, MODEL};
 use common::*;
 use serde_json::{json, Value};
+use specd_sim::fault::{Call, Fault};
 
 fn body(prompt: &[u32], max_tokens: u32, mode: &str) -> Value {
     json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -89,6 +90,10 @@ async fn sigterm_drains_streams_in_flight() {
 async fn drain_timeout_bounds_the_shutdown() {
     let up = fault::start().await;
     up.set_token_delay(Duration::from_millis(50));
+    // Verify rounds answer at once on the fake upstream, so on a fast machine speculation
+    // can finish the stream inside the drain timeout; with them held, the stream goes at
+    // the relay's 50 ms per token.
+    up.fail(Call::Verify, Fault::Hang);
     let mut specd = Specd::start_ready(&up.url, &["--drain-timeout", "1"]).await;
     let p: Vec<u32> = (700..706).collect();
     let mut r = SseReader::open(&specd.url, "/v1/completions", &body(&p, 1000, "auto")).await;
