@@ -296,6 +296,7 @@ impl Sim<'_> {
                 continue;
             }
             let (cost, seqs) = self.step_cost(&streams, &taking);
+            self.trace_step(&streams, &taking, cost);
             self.clock.advance(Duration::from_secs_f64(cost));
             for (s, _) in streams.iter_mut().zip(&taking).filter(|(_, t)| **t) {
                 self.complete(s);
@@ -321,6 +322,26 @@ impl Sim<'_> {
             self.out.decode_recovery = Some(left);
         }
         self.out
+    }
+
+    /// One line per step (`SPECD_SIM_TRACE`): what each stream does in it.
+    fn trace_step(&self, streams: &[Stream], taking: &[bool], cost: f64) {
+        if !self.trace || !matches!(self.mode, Mode::Auto(_)) {
+            return;
+        }
+        let row: String = streams
+            .iter()
+            .zip(taking)
+            .map(|(s, &t)| match &s.work {
+                Work::Verify { p, .. } => char::from_digit(p.tokens.len().min(35) as u32, 36)
+                    .unwrap_or('V'),
+                Work::Relay { .. } if t => 'r',
+                Work::Relay { .. } => 'w',
+                Work::Plain { .. } => 'p',
+                _ => '.',
+            })
+            .collect();
+        self.trace(0, &format_args!("step {:5.1} ms [{row}]", cost * 1e3));
     }
 
     /// Seconds the next step takes, with noise, and the sequences in it.
