@@ -2,7 +2,7 @@
 //! does with its next proposal, and whether a relaying stream leaves relay.
 
 use super::costs::{expected_tokens, Best, Costs, STALE_TRUST};
-use super::{Controller, Decision, Relaying, StreamCtl};
+use super::{Controller, Decision, StreamCtl};
 use crate::config::SpecMode;
 use crate::draft::{DrafterKind, Proposal};
 
@@ -35,7 +35,7 @@ fn neighbour(rng: &mut fastrand::Rng, best: usize, kp: usize) -> usize {
 }
 
 /// What a decision is made from: the load, the acceptance estimates of the proposal and
-/// the costs at that load.
+/// the costs at that load, and what a round saves with the whole batch verifying.
 struct Inputs {
     load: usize,
     others: usize,
@@ -43,6 +43,9 @@ struct Inputs {
     p: Vec<f64>,
     costs: Costs,
     t_draft: f64,
+    /// Seconds the best round saves against plain decoding when every stream of the loop
+    /// verifies in the same step (the stream's entry in the batch verdict).
+    together: Option<f64>,
 }
 
 impl Controller {
@@ -52,28 +55,49 @@ impl Controller {
         drafter: DrafterKind,
         proposal: &Proposal,
         self_relaying: bool,
-        self_willing: bool,
     ) -> Inputs {
         let now = self.now();
         let load = self.load();
-        // Relaying streams whose drafts would pay on their own are about to speculate too:
-        // a verify then shares its batch with theirs rather than slowing them.
-        let willing = self.load.willing_others(self_willing);
-        let others = self
-            .load
-            .others_decoding(self_relaying, now)
-            .saturating_sub(willing);
-        let spec = load.saturating_sub(others).max(1);
         let kp = proposal.tokens.len();
+        let p = self
+            .acceptance
+            .per_position(s.residual(drafter), drafter, &proposal.confidence);
+        let t_draft = self.costs.draft_cost_per_round(drafter);
+        // The batch speculates or relays as one (`batch.rs`): when it speculates, the
+        // streams of the loop share its verify steps and only the sequences outside the
+        // loop pay for them; when it relays, every stream decoding beside a verify does.
+        let in_loop = self.load.in_loop().max(1);
+        let outside = self.load.outside(now);
+        let all = self.costs.costs(load, in_loop, kp, now);
+        let (together, outside_loss) = match (all.dec, all.best(&p, t_draft, 1, 0, in_loop)) {
+            (Some(dec), Some(b)) => (
+                Some(b.tokens * dec - b.time),
+                outside as f64 * (b.time - t_draft - dec).max(0.0),
+            ),
+            _ => (None, 0.0),
+        };
+        let verdict = self.batch.speculates(s.batch.as_ref(), together, outside_loss);
+        let (others, spec) = if let Some(relayers) = verdict {
+            (outside + relayers, in_loop.saturating_sub(relayers).max(1))
+        } else {
+            let others = self.load.others_decoding(self_relaying, now);
+            (others, load.saturating_sub(others).max(1))
+        };
         Inputs {
             load,
             others,
             spec,
-            p: self
-                .acceptance
-                .per_position(s.residual(drafter), drafter, &proposal.confidence),
+            p,
             costs: self.costs.costs(load, spec, kp, now),
-            t_draft: self.costs.draft_cost_per_round(drafter),
+            t_draft,
+            together,
+        }
+    }
+
+    /// Record this stream's saving with the whole batch verifying, for the batch verdict.
+    fn post(&self, s: &mut StreamCtl, x: &Inputs) {
+        if let Some(g) = x.together {
+            self.batch.post(&mut s.batch, g);
         }
     }
 
@@ -90,7 +114,8 @@ impl Controller {
         if mode != SpecMode::Auto {
             return Decision::Speculate(kp);
         }
-        let x = self.inputs(s, drafter, proposal, false, false);
+        let x = self.inputs(s, drafter, proposal, false);
+        self.post(s, &x);
         let lo = usize::from(s.may_relay);
         let best = x.costs.best(&x.p, x.t_draft, lo, x.others, x.spec);
         match (x.costs.dec, best) {
@@ -139,6 +164,9 @@ impl Controller {
         if !s.may_relay {
             return Decision::Speculate(b.k);
         }
+        if self.batch.probing() {
+            return Decision::Relay { probe: true };
+        }
         if b.speedup(dec) < 1.0 {
             // Leaving costs a relay restart; stay when a few such rounds lose less than
             // that (a small dip in the estimates must not cause flapping), but not for
@@ -168,20 +196,11 @@ impl Controller {
         if proposal.tokens.is_empty() {
             return 0.0;
         }
-        let x = self.inputs(s, drafter, proposal, false, false);
+        let x = self.inputs(s, drafter, proposal, false);
         match x.costs.best(&x.p, x.t_draft, 1, x.others, x.spec) {
             Some(b) => b.tokens / b.time,
             None => expected_tokens(&x.p, x.p.len()),
         }
-    }
-
-    /// Would a round of this proposal pay if it slowed no other stream?
-    fn pays_alone(x: &Inputs) -> bool {
-        let Some(dec) = x.costs.dec else {
-            return false;
-        };
-        let alone = x.costs.best(&x.p, x.t_draft, 1, 0, 1);
-        alone.is_some_and(|b| b.tokens * dec > b.time)
     }
 
     /// Relaying: leave relay for a verify round of the returned K with this proposal?
@@ -192,29 +211,14 @@ impl Controller {
         proposal: &Proposal,
         remaining: usize,
     ) -> Option<usize> {
-        self.plan_resume_from(s, drafter, proposal, remaining, None)
-    }
-
-    /// `plan_resume` for the relay `relay` marks: it also records whether this stream's
-    /// drafts would pay on their own, so that streams that all would do not each hold
-    /// back for fear of slowing the others (which are about to speculate as well).
-    pub fn plan_resume_from(
-        &self,
-        s: &mut StreamCtl,
-        drafter: DrafterKind,
-        proposal: &Proposal,
-        remaining: usize,
-        relay: Option<&mut Relaying>,
-    ) -> Option<usize> {
         let kp = proposal.tokens.len();
         if kp == 0 {
             return None;
         }
-        let mut x = self.inputs(s, drafter, proposal, true, false);
-        if let Some(r) = relay {
-            let willing = Self::pays_alone(&x);
-            r.set_willing(willing);
-            x = self.inputs(s, drafter, proposal, true, willing);
+        let x = self.inputs(s, drafter, proposal, true);
+        self.post(s, &x);
+        if self.batch.probing() {
+            return None;
         }
         let Some(b) = x.costs.best(&x.p, x.t_draft, 1, x.others, x.spec) else {
             // Verify cost never measured: measure it (one stream per interval).

@@ -19,9 +19,6 @@ const RUNNING_FRESH: Duration = Duration::from_secs(2);
 pub(super) struct LoadTracker {
     active: AtomicUsize,
     relaying: AtomicUsize,
-    /// Relaying streams whose drafts would pay on their own (were it not for slowing the
-    /// streams decoding beside them).
-    willing: AtomicUsize,
     /// Prompts of this server's verify calls in flight, and the recent peak of those plus
     /// relays (previous and current window, and when the current one began): what the
     /// upstream may have counted as ours when it was last read.
@@ -38,7 +35,6 @@ impl Default for LoadTracker {
         LoadTracker {
             active: AtomicUsize::new(0),
             relaying: AtomicUsize::new(0),
-            willing: AtomicUsize::new(0),
             verify_prompts: AtomicUsize::new(0),
             verifies_started: AtomicU64::new(0),
             peak: Mutex::new((0, 0, None)),
@@ -79,19 +75,9 @@ impl LoadTracker {
         self.verify_prompts.load(Ordering::Relaxed) > 0
     }
 
-    pub(super) fn set_willing(&self, w: bool) {
-        if w {
-            self.willing.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.willing.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Willing relaying streams besides the caller.
-    pub(super) fn willing_others(&self, self_willing: bool) -> usize {
-        self.willing
-            .load(Ordering::Relaxed)
-            .saturating_sub(usize::from(self_willing))
+    /// Streams in the session loop (speculating or relaying): those that can speculate.
+    pub(super) fn in_loop(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
     }
 
     /// Streams of this server at the upstream: sessions and passthrough requests.
@@ -116,6 +102,12 @@ impl LoadTracker {
     /// the caller when it relays), its passthrough requests, and other clients.
     pub(super) fn others_decoding(&self, self_relaying: bool, now: Instant) -> usize {
         let relaying = self.relaying.load(Ordering::Relaxed);
+        relaying.saturating_sub(usize::from(self_relaying)) + self.outside(now)
+    }
+
+    /// Sequences at the upstream that cannot speculate: this server's passthrough
+    /// requests and other clients'.
+    pub(super) fn outside(&self, now: Instant) -> usize {
         let pass = self.passing();
         // Clients of the upstream that do not go through this server: what it reports
         // running beyond the most this server can have had there when it was read.
@@ -129,7 +121,7 @@ impl LoadTracker {
                 let ours = pass + peak.max(self.own_requests());
                 (running - ours as f64).max(0.0) as usize
             });
-        relaying.saturating_sub(usize::from(self_relaying)) + pass + external
+        pass + external
     }
 
     /// Requests this server has at the upstream now: verify prompts and relays.

@@ -98,6 +98,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod acceptance;
+mod batch;
 pub mod clock;
 mod costs;
 mod decide;
@@ -167,6 +168,8 @@ pub struct StreamCtl {
     /// False for seeded sampled requests (see the module comment).
     pub may_relay: bool,
     rng: fastrand::Rng,
+    /// This stream's entry in the batch verdict (see `batch.rs`).
+    batch: Option<batch::Slot>,
 }
 
 impl StreamCtl {
@@ -176,6 +179,7 @@ impl StreamCtl {
             streak: 0,
             may_relay,
             rng: fastrand::Rng::with_seed(seed),
+            batch: None,
         }
     }
 
@@ -190,6 +194,7 @@ pub struct Controller {
     costs: CostModel,
     acceptance: AcceptanceModel,
     load: LoadTracker,
+    batch: Arc<batch::Batch>,
     watch: watch::Watch,
     metrics: Option<Arc<Metrics>>,
 }
@@ -209,6 +214,7 @@ impl Controller {
             clock: Arc::new(SystemClock),
             acceptance: AcceptanceModel::default(),
             load: LoadTracker::default(),
+            batch: Arc::default(),
             metrics,
         }
     }
@@ -260,10 +266,12 @@ impl Controller {
     /// Marks the caller as relaying while the guard lives.
     pub fn relaying(self: &Arc<Self>) -> Relaying {
         self.load.start_relay(self.now());
-        Relaying {
-            ctl: self.clone(),
-            willing: false,
-        }
+        Relaying(self.clone())
+    }
+
+    /// Marks a decode-cost probe as relaying while the guard lives (the batch relays with it).
+    pub fn probing(&self) -> batch::Probe {
+        self.batch.probe()
     }
 
     /// Changes whenever a verify call starts; with `verify_in_flight`, tells a relay
@@ -444,25 +452,12 @@ impl Drop for Verifying {
     }
 }
 
-/// Marks a stream as relaying while it lives, and whether its drafts would pay on their own.
-pub struct Relaying {
-    ctl: Arc<Controller>,
-    willing: bool,
-}
-
-impl Relaying {
-    fn set_willing(&mut self, w: bool) {
-        if w != self.willing {
-            self.ctl.load.set_willing(w);
-            self.willing = w;
-        }
-    }
-}
+/// Marks a stream as relaying while it lives.
+pub struct Relaying(Arc<Controller>);
 
 impl Drop for Relaying {
     fn drop(&mut self) {
-        self.set_willing(false);
-        self.ctl.load.end_relay();
+        self.0.load.end_relay();
     }
 }
 

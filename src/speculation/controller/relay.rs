@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::batch::Probe;
 use super::{Controller, Relaying, StreamCtl, PROBE_TOKENS};
 use crate::draft::{DrafterKind, Proposal};
 
@@ -36,7 +37,9 @@ pub struct RelayTracker {
     /// checked alongside to keep their estimates current.
     others: Vec<(DrafterKind, Proposal, usize)>,
     /// Counts the stream as relaying at the upstream while the segment lives.
-    relaying: Relaying,
+    _relaying: Relaying,
+    /// Held by a decode-cost probe until it has relayed `PROBE_TOKENS`.
+    probe: Option<Probe>,
 }
 
 impl RelayTracker {
@@ -63,7 +66,8 @@ impl RelayTracker {
             since_draft: 0,
             shadow: shadow.filter(|p| !p.tokens.is_empty()).map(|p| (p, 0)),
             others: Vec::new(),
-            relaying,
+            _relaying: relaying,
+            probe: probe.then(|| ctl.probing()),
         }
     }
 
@@ -174,8 +178,9 @@ impl RelayTracker {
         remaining: usize,
     ) -> Option<Proposal> {
         if self.relayed >= self.min_tokens {
+            self.probe = None;
             if let Some(k) =
-                ctl.plan_resume_from(s, self.drafter, &p, remaining, Some(&mut self.relaying))
+                ctl.plan_resume(s, self.drafter, &p, remaining)
             {
                 let mut p = p;
                 p.tokens.truncate(k);
