@@ -10,6 +10,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::decide::SWITCH_HORIZON;
+
 /// One stream's entry; removed when its controller state is dropped.
 pub struct Slot {
     batch: Arc<Batch>,
@@ -31,6 +33,9 @@ struct Inner {
     /// it would lose).
     gains: Vec<(u64, f64)>,
     next: u64,
+    /// The verdict in force, and evaluations in a row that found the other one better.
+    speculating: bool,
+    streak: u32,
 }
 
 #[derive(Default)]
@@ -86,21 +91,47 @@ impl Batch {
 
     /// Does speculation pay for the batch? The streams' savings per verify step (the
     /// caller's as `own`, in place of what its slot holds) against `outside_loss`, what one
-    /// verify step costs the sequences that cannot speculate.
-    /// When it does, also how many other streams would not gain from a round even then
-    /// (they relay beside the batch's verify steps, and pay for them).
+    /// verify step costs the sequences that cannot speculate. The verdict changes when a
+    /// few rounds of the difference (`SWITCH_HORIZON`, or as many as the other verdict has
+    /// been found better in a row) outweigh what the move costs: a relay restart
+    /// (`restart`) per stream. When the batch speculates, also how many other streams
+    /// would not gain from a round even then (they relay beside its verify steps).
     pub(super) fn speculates(
         &self,
         slot: Option<&Slot>,
         own: Option<f64>,
         outside_loss: f64,
+        restart: f64,
     ) -> Option<usize> {
-        let g = self.inner.lock().ok()?;
+        let mut g = self.inner.lock().ok()?;
         let mine = slot.map(|s| s.id);
-        let rest = || g.gains.iter().filter(|(id, _)| Some(*id) != mine).map(|e| e.1);
-        let n = rest().count() + usize::from(own.is_some());
-        let sum = rest().sum::<f64>() + own.unwrap_or(0.0);
-        (n > 0 && sum > outside_loss).then(|| rest().filter(|v| *v <= 0.0).count())
+        let rest = |g: &Inner| {
+            g.gains
+                .iter()
+                .filter(|(id, _)| Some(*id) != mine)
+                .map(|e| e.1)
+                .collect::<Vec<_>>()
+        };
+        let others = rest(&g);
+        let n = others.len() + usize::from(own.is_some());
+        let net = others.iter().sum::<f64>() + own.unwrap_or(0.0) - outside_loss;
+        if n == 0 {
+            return None;
+        }
+        if g.speculating {
+            // Leaving needs no margin: each stream then weighs its own switch as before.
+            g.speculating = net > 0.0;
+            g.streak = 0;
+        } else if net > 0.0 {
+            g.streak = g.streak.saturating_add(1);
+            // Every stream evaluates once per round: the streak in rounds.
+            let rounds = f64::from(g.streak) / n as f64;
+            g.speculating = net * SWITCH_HORIZON.max(rounds) > n as f64 * restart;
+        } else {
+            g.streak = 0;
+        }
+        g.speculating
+            .then(|| others.iter().filter(|v| **v <= 0.0).count())
     }
 }
 
@@ -112,13 +143,13 @@ mod tests {
     fn the_batch_speculates_while_its_savings_outweigh_the_outside_loss() {
         let b = Arc::new(Batch::default());
         let verdict =
-            |own: Option<f64>, slot: Option<&Slot>, loss: f64| b.speculates(slot, own, loss).is_some();
+            |own: Option<f64>, slot: Option<&Slot>, loss: f64| b.speculates(slot, own, loss, 0.0).is_some();
         assert!(!verdict(None, None, 0.0), "nothing posted: relay");
         let (mut s1, mut s2) = (None, None);
         b.post(&mut s1, 0.010);
         b.post(&mut s2, -0.004);
         assert!(verdict(None, None, 0.005));
-        assert_eq!(b.speculates(s1.as_ref(), Some(0.01), 0.0), Some(1), "one would relay");
+        assert_eq!(b.speculates(s1.as_ref(), Some(0.01), 0.0, 0.0), Some(1), "one would relay");
         assert!(!verdict(None, None, 0.007));
         assert!(!verdict(Some(-0.012), s2.as_ref(), 0.0), "the caller's fresh value counts");
         b.post(&mut s2, -0.012);

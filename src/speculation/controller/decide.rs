@@ -8,7 +8,7 @@ use crate::draft::{DrafterKind, Proposal};
 
 /// Rounds a state (speculation paying or not) is expected to last, when weighing a switch
 /// against the cost of restarting a relay; fewer when the generation ends sooner.
-const SWITCH_HORIZON: f64 = 4.0;
+pub(super) const SWITCH_HORIZON: f64 = 4.0;
 
 /// Rounds the current state is expected to last: at least `SWITCH_HORIZON`, and as long
 /// as it has lasted already (`streak` rounds of the same verdict: a state that has lasted
@@ -46,6 +46,9 @@ struct Inputs {
     /// Seconds the best round saves against plain decoding when every stream of the loop
     /// verifies in the same step (the stream's entry in the batch verdict).
     together: Option<f64>,
+    /// The batch speculates and this stream gains from a round in it: it joins the
+    /// batch's verify steps (relaying beside them, a token would cost a verify step).
+    joins: bool,
 }
 
 impl Controller {
@@ -76,7 +79,10 @@ impl Controller {
             ),
             _ => (None, 0.0),
         };
-        let verdict = self.batch.speculates(s.batch.as_ref(), together, outside_loss);
+        let restart = all.dec.map_or(0.0, |d| all.restart_extra(d));
+        let verdict = self
+            .batch
+            .speculates(s.batch.as_ref(), together, outside_loss, restart);
         let (others, spec) = if let Some(relayers) = verdict {
             (outside + relayers, in_loop.saturating_sub(relayers).max(1))
         } else {
@@ -91,6 +97,7 @@ impl Controller {
             costs: self.costs.costs(load, spec, kp, now),
             t_draft,
             together,
+            joins: verdict.is_some() && together.is_some_and(|g| g > 0.0),
         }
     }
 
@@ -167,7 +174,7 @@ impl Controller {
         if self.batch.probing() {
             return Decision::Relay { probe: true };
         }
-        if b.speedup(dec) < 1.0 {
+        if b.speedup(dec) < 1.0 && !x.joins {
             // Leaving costs a relay restart; stay when a few such rounds lose less than
             // that (a small dip in the estimates must not cause flapping), but not for
             // long: the longer it has lost, the longer it is expected to go on losing.
@@ -251,7 +258,7 @@ impl Controller {
             others = x.others,
             "plan resume"
         );
-        if gain > 0.0 && gain * rounds > switch_cost {
+        if x.joins || (gain > 0.0 && gain * rounds > switch_cost) {
             s.streak = 0;
             return Some(b.k);
         }
