@@ -90,34 +90,30 @@ impl Batch {
     }
 
     /// Does speculation pay for the batch? The streams' savings per verify step (the
-    /// caller's as `own`, in place of what its slot holds) against `outside_loss`, what one
-    /// verify step costs the sequences that cannot speculate. The verdict changes when a
-    /// few rounds of the difference (`SWITCH_HORIZON`, or as many as the other verdict has
-    /// been found better in a row) outweigh what the move costs: a relay restart
-    /// (`restart`) per stream. When the batch speculates, also how many other streams
-    /// would not gain from a round even then (they relay beside its verify steps).
-    pub(super) fn speculates(
-        &self,
-        slot: Option<&Slot>,
-        own: Option<f64>,
-        outside_loss: f64,
-        restart: f64,
-    ) -> Option<usize> {
+    /// caller's own from `w`, in place of what its slot holds) against what one verify
+    /// step costs the sequences that cannot speculate: those outside the loop, and
+    /// streams of the loop that have posted nothing yet. The verdict enters speculation
+    /// when a few rounds of the net saving (`SWITCH_HORIZON`, or as many as it has been
+    /// positive in a row) outweigh a relay restart per stream, and leaves it as soon as
+    /// the saving turns negative (each stream then weighs its own switch). When the batch
+    /// speculates, also how many other streams relay beside its verify steps: those that
+    /// would not gain from a round even then, and those that posted nothing.
+    pub(super) fn speculates(&self, slot: Option<&Slot>, w: &Weigh) -> Option<usize> {
         let mut g = self.inner.lock().ok()?;
         let mine = slot.map(|s| s.id);
-        let rest = |g: &Inner| {
-            g.gains
-                .iter()
-                .filter(|(id, _)| Some(*id) != mine)
-                .map(|e| e.1)
-                .collect::<Vec<_>>()
-        };
-        let others = rest(&g);
-        let n = others.len() + usize::from(own.is_some());
-        let net = others.iter().sum::<f64>() + own.unwrap_or(0.0) - outside_loss;
+        let others: Vec<f64> = g
+            .gains
+            .iter()
+            .filter(|(id, _)| Some(*id) != mine)
+            .map(|e| e.1)
+            .collect();
+        let n = others.len() + usize::from(w.own.is_some());
         if n == 0 {
             return None;
         }
+        let unposted = w.in_loop.saturating_sub(n);
+        let loss = (w.outside + unposted) as f64 * w.step_loss;
+        let net = others.iter().sum::<f64>() + w.own.unwrap_or(0.0) - loss;
         if g.speculating {
             // Leaving needs no margin: each stream then weighs its own switch as before.
             g.speculating = net > 0.0;
@@ -126,35 +122,74 @@ impl Batch {
             g.streak = g.streak.saturating_add(1);
             // Every stream evaluates once per round: the streak in rounds.
             let rounds = f64::from(g.streak) / n as f64;
-            g.speculating = net * SWITCH_HORIZON.max(rounds) > n as f64 * restart;
+            g.speculating = net * SWITCH_HORIZON.max(rounds) > n as f64 * w.restart;
         } else {
             g.streak = 0;
         }
         g.speculating
-            .then(|| others.iter().filter(|v| **v <= 0.0).count())
+            .then(|| unposted + others.iter().filter(|v| **v <= 0.0).count())
     }
+}
+
+/// What a stream weighs the batch verdict with.
+pub(super) struct Weigh {
+    /// Its own saving per round with the batch verifying (None until costs are known).
+    pub(super) own: Option<f64>,
+    /// Sequences at the upstream outside the loop, and streams in the loop.
+    pub(super) outside: usize,
+    pub(super) in_loop: usize,
+    /// What one verify step costs a sequence decoding beside it (T_ver − T_dec).
+    pub(super) step_loss: f64,
+    /// What a relay restart costs beyond a decode step.
+    pub(super) restart: f64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn weigh(own: Option<f64>, step_loss: f64) -> Weigh {
+        Weigh {
+            own,
+            outside: 1,
+            in_loop: 2,
+            step_loss,
+            restart: 0.0,
+        }
+    }
+
     #[test]
     fn the_batch_speculates_while_its_savings_outweigh_the_outside_loss() {
         let b = Arc::new(Batch::default());
-        let verdict =
-            |own: Option<f64>, slot: Option<&Slot>, loss: f64| b.speculates(slot, own, loss, 0.0).is_some();
-        assert!(!verdict(None, None, 0.0), "nothing posted: relay");
+        let verdict = |own, slot: Option<&Slot>, loss| b.speculates(slot, &weigh(own, loss));
+        assert_eq!(verdict(None, None, 0.0), None, "nothing posted: relay");
         let (mut s1, mut s2) = (None, None);
         b.post(&mut s1, 0.010);
         b.post(&mut s2, -0.004);
-        assert!(verdict(None, None, 0.005));
-        assert_eq!(b.speculates(s1.as_ref(), Some(0.01), 0.0, 0.0), Some(1), "one would relay");
-        assert!(!verdict(None, None, 0.007));
-        assert!(!verdict(Some(-0.012), s2.as_ref(), 0.0), "the caller's fresh value counts");
+        assert!(verdict(None, None, 0.005).is_some());
+        assert_eq!(
+            verdict(Some(0.01), s1.as_ref(), 0.0),
+            Some(1),
+            "one would relay"
+        );
+        assert!(verdict(None, None, 0.007).is_none());
+        assert!(
+            verdict(Some(-0.012), s2.as_ref(), 0.0).is_none(),
+            "the caller's fresh value counts"
+        );
         b.post(&mut s2, -0.012);
-        assert!(!verdict(None, None, 0.0), "a stream's new value replaces its old one");
+        assert!(
+            verdict(None, None, 0.0).is_none(),
+            "a stream's new value replaces its old one"
+        );
         drop(s2);
-        assert!(verdict(None, None, 0.0), "a dropped stream no longer counts");
+        assert!(
+            verdict(None, None, 0.006).is_none(),
+            "a stream that posted nothing counts as outside"
+        );
+        assert!(
+            verdict(None, None, 0.0).is_some(),
+            "a dropped stream no longer counts"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The decision rule (module documentation of `controller`): what a speculating stream
 //! does with its next proposal, and whether a relaying stream leaves relay.
 
+use super::batch::Weigh;
 use super::costs::{expected_tokens, Best, Costs, STALE_TRUST};
 use super::{Controller, Decision, StreamCtl};
 use crate::config::SpecMode;
@@ -72,17 +73,21 @@ impl Controller {
         let in_loop = self.load.in_loop().max(1);
         let outside = self.load.outside(now);
         let all = self.costs.costs(load, in_loop, kp, now);
-        let (together, outside_loss) = match (all.dec, all.best(&p, t_draft, 1, 0, in_loop)) {
+        let (together, step_loss) = match (all.dec, all.best(&p, t_draft, 1, 0, in_loop)) {
             (Some(dec), Some(b)) => (
                 Some(b.tokens * dec - b.time),
-                outside as f64 * (b.time - t_draft - dec).max(0.0),
+                (b.time - t_draft - dec).max(0.0),
             ),
             _ => (None, 0.0),
         };
-        let restart = all.dec.map_or(0.0, |d| all.restart_extra(d));
-        let verdict = self
-            .batch
-            .speculates(s.batch.as_ref(), together, outside_loss, restart);
+        let weigh = Weigh {
+            own: together,
+            outside,
+            in_loop,
+            step_loss,
+            restart: all.dec.map_or(0.0, |d| all.restart_extra(d)),
+        };
+        let verdict = self.batch.speculates(s.batch.as_ref(), &weigh);
         let (others, spec) = if let Some(relayers) = verdict {
             (outside + relayers, in_loop.saturating_sub(relayers).max(1))
         } else {

@@ -73,11 +73,26 @@
 //!   residual that tracks how this stream deviates from it right now. Observations come
 //!   from verify rounds and, while relaying, from checking shadow proposals against the
 //!   tokens the upstream streams back — so acceptance stays fresh in both modes.
-//! - "Others" are this server's relaying streams (less those whose drafts would pay on
-//!   their own: they are about to verify too, and then share the batch's extend step
-//!   rather than suffer it) and passthrough requests, plus the
-//!   upstream's running requests (from its `/metrics`) beyond what this server can have
-//!   had there when they were read — clients that bypass specd.
+//! - "Others" are, while the batch relays, this server's relaying streams and passthrough
+//!   requests, plus the upstream's running requests (from its `/metrics`) beyond what
+//!   this server can have had there when they were read — clients that bypass specd.
+//!   While the batch speculates (below), only the sequences outside the loop and the
+//!   streams that would not gain even in the batch's verify steps.
+//!
+//! # The batch verdict (`batch.rs`)
+//! A verify pass costs every sequence in its step what it costs the verifying stream, so
+//! speculation pays for the batch or for none of it. Each stream in the loop posts, at
+//! every decision, what its best round saves against plain decoding with every stream of
+//! the loop verifying in the same step (E·T_dec − T at that level; negative when it would
+//! lose). The batch speculates while the sum exceeds what one verify step costs the
+//! sequences outside the loop (passthrough, other clients: `outside × (T_ver − T_dec)`);
+//! it enters speculation only when `SWITCH_HORIZON` rounds (or as many as the sum has
+//! been positive in a row) of that net saving outweigh a relay restart per stream, and
+//! leaves it as soon as the sum turns negative (each stream then weighs its own switch
+//! as before). While the batch speculates, a stream that gains from a round in it
+//! speculates (a relaying one resumes at once: beside the batch's verify steps a relayed
+//! token costs a verify step). While a decode-cost probe relays, every stream relays with
+//! it: plain decoding cannot be measured beside verify steps.
 //!
 //! Until T_dec is known at all, streams relay: plain decoding is never a loss.
 //!

@@ -179,9 +179,7 @@ impl RelayTracker {
     ) -> Option<Proposal> {
         if self.relayed >= self.min_tokens {
             self.probe = None;
-            if let Some(k) =
-                ctl.plan_resume(s, self.drafter, &p, remaining)
-            {
+            if let Some(k) = ctl.plan_resume(s, self.drafter, &p, remaining) {
                 let mut p = p;
                 p.tokens.truncate(k);
                 p.confidence.truncate(k);

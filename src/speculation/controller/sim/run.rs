@@ -333,8 +333,9 @@ impl Sim<'_> {
             .iter()
             .zip(taking)
             .map(|(s, &t)| match &s.work {
-                Work::Verify { p, .. } => char::from_digit(p.tokens.len().min(35) as u32, 36)
-                    .unwrap_or('V'),
+                Work::Verify { p, .. } => {
+                    char::from_digit(p.tokens.len().min(35) as u32, 36).unwrap_or('V')
+                }
                 Work::Relay { .. } if t => 'r',
                 Work::Relay { .. } => 'w',
                 Work::Plain { .. } => 'p',
