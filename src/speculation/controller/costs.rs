@@ -4,6 +4,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::relay::{DECODE_WINDOW, SEGMENT_SAMPLE};
 use super::K_TRACKED;
 use crate::draft::DrafterKind;
 
@@ -30,6 +31,16 @@ impl Ewma {
         self.v += a * (x - self.v);
         self.at = Some(now);
     }
+    /// `add` for a quantity many streams sample at once: a sample moves it at most as far
+    /// as one stream's, `pace` seconds apart, would.
+    pub(super) fn add_paced(&mut self, x: f64, floor: f64, pace: f64, now: Instant) {
+        let (v, at) = (self.v, self.at);
+        self.add(x, floor, now);
+        if let (Some(at), true) = (at, pace > 0.0) {
+            let dt = now.saturating_duration_since(at).as_secs_f64();
+            self.v = v + (self.v - v) * (dt / pace).min(1.0);
+        }
+    }
     /// A low envelope instead of a mean: falls fast to lower samples, rises slowly, so it
     /// sits near the low end of what was recently measured.
     pub(super) fn add_low(&mut self, x: f64, now: Instant) {
@@ -43,6 +54,17 @@ impl Ewma {
         };
         self.v += a * (x - self.v);
         self.at = Some(now);
+    }
+    /// `add_low` for a quantity many streams sample at once: it rises at most as fast as
+    /// one stream's samples, `pace` seconds apart, would raise it (64 streams relaying
+    /// through a load spike must not lift the envelope 64 times faster than one).
+    pub(super) fn add_low_paced(&mut self, x: f64, pace: f64, now: Instant) {
+        let (v, at) = (self.v, self.at);
+        self.add_low(x, now);
+        if let (Some(at), true) = (at, x > v && pace > 0.0) {
+            let dt = now.saturating_duration_since(at).as_secs_f64();
+            self.v = v + LOW_RISE * (dt / pace).min(1.0) * (x - v);
+        }
     }
     pub(super) fn get(&self) -> Option<f64> {
         (self.n > 0).then_some(self.v)
@@ -282,7 +304,10 @@ impl CostModel {
                 Some(v) => per_token.min(2.0 * v),
                 None => per_token,
             };
-            l.dec.add(x, COST_ALPHA, now);
+            // Windows of many streams arrive together: the mean moves at most as fast as
+            // one stream's windows would move it.
+            let pace = f64::from(DECODE_WINDOW) * l.dec.get().unwrap_or(per_token);
+            l.dec.add_paced(x, COST_ALPHA, pace, now);
             l.dec_cost()
         })
     }
@@ -290,7 +315,9 @@ impl CostModel {
     /// A relay segment's mean gap so far; returns the level's T_dec as decisions use it.
     pub(super) fn add_decode_mean(&self, load: usize, per_token: f64, now: Instant) -> Option<f64> {
         self.with_level(load, |l| {
-            l.dec_low.add_low(per_token, now);
+            // One stream samples the segment mean every `SEGMENT_SAMPLE` tokens.
+            let pace = f64::from(SEGMENT_SAMPLE) * l.dec_low.get().unwrap_or(per_token);
+            l.dec_low.add_low_paced(per_token, pace, now);
             l.dec_cost()
         })
     }

@@ -11,10 +11,10 @@ use super::{Controller, Relaying, StreamCtl, PROBE_TOKENS};
 use crate::draft::{DrafterKind, Proposal};
 
 /// Tokens averaged per decode-cost sample (streamed tokens may arrive in bursts).
-const DECODE_WINDOW: u32 = 4;
+pub(super) const DECODE_WINDOW: u32 = 4;
 /// Tokens between samples of the segment's mean gap so far (for the low envelope: a mean
 /// over the whole segment, which a burst of buffered tokens barely moves).
-const SEGMENT_SAMPLE: u32 = 16;
+pub(super) const SEGMENT_SAMPLE: u32 = 16;
 
 pub struct RelayTracker {
     drafter: DrafterKind,
