@@ -61,7 +61,10 @@
 //!   that long, the mean of 4-token windows. Speculation is compared with plain decoding
 //!   at its recent best, so a machine whose speed wanders does not make marginal rounds
 //!   look like wins. Gaps that overlapped a verify call of this server are skipped: a
-//!   verify step slows the whole batch, and that is charged to the round as L(k).
+//!   verify step slows the whole batch, and that is charged to the round as L(k). A
+//!   sample moves the mean and the envelope at most as far as one stream's samples would
+//!   in the time since the previous one: many streams relaying at once must not make
+//!   "slow to rise" fast.
 //! - T_ver(k), by the number of streams speculating at once, from every verify call, and
 //!   the relay restart latency: low envelopes too, so one stalled call cannot switch
 //!   speculation off; a level's verify costs resting on fewer than 8 samples are
@@ -285,7 +288,7 @@ impl Controller {
     }
 
     /// Marks a decode-cost probe as relaying while the guard lives (the batch relays with it).
-    pub fn probing(&self) -> batch::Probe {
+    fn probing(&self) -> batch::Probe {
         self.batch.probe()
     }
 
