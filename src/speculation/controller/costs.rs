@@ -167,6 +167,27 @@ impl Best {
 }
 
 impl Costs {
+    /// A round of the first `k` drafts: expected tokens net of the others' loss, and time.
+    pub(super) fn round(
+        &self,
+        p: &[f64],
+        t_draft: f64,
+        k: usize,
+        others: usize,
+        spec: usize,
+    ) -> Option<Best> {
+        let ver = self.ver.get(k).copied().flatten()?;
+        let time = t_draft + ver;
+        let tokens = match self.dec {
+            Some(dec) if dec > 0.0 => {
+                let loss = others as f64 * (ver - dec).max(0.0) / spec.max(1) as f64;
+                expected_tokens(p, k) - loss / dec
+            }
+            _ => expected_tokens(p, k),
+        };
+        (time > 0.0).then_some(Best { k, tokens, time })
+    }
+
     /// k in `lo..=p.len()` maximising net tokens per second. A verify pass slows the steps
     /// of the streams decoding beside it (by T_ver − T_dec each, shared among the streams
     /// verifying at once); that loss, in tokens of plain decoding, is charged to the round.
@@ -179,18 +200,7 @@ impl Costs {
         spec: usize,
     ) -> Option<Best> {
         (lo..=p.len())
-            .filter_map(|k| {
-                let ver = self.ver.get(k).copied().flatten()?;
-                let time = t_draft + ver;
-                let tokens = match self.dec {
-                    Some(dec) if dec > 0.0 => {
-                        let loss = others as f64 * (ver - dec).max(0.0) / spec.max(1) as f64;
-                        expected_tokens(p, k) - loss / dec
-                    }
-                    _ => expected_tokens(p, k),
-                };
-                (time > 0.0).then_some(Best { k, tokens, time })
-            })
+            .filter_map(|k| self.round(p, t_draft, k, others, spec))
             .max_by(|a, b| (a.tokens / a.time).total_cmp(&(b.tokens / b.time)))
     }
 }

@@ -21,6 +21,10 @@ fn horizon(remaining: usize, tokens_per_round: f64, streak: u32) -> f64 {
         .min(rounds_left)
         .max(1.0)
 }
+/// Explore a K only while its estimated rate is at least this share of the best one's: a
+/// K estimated far worse would need its verify cost to be far off to matter.
+const EXPLORE_WITHIN: f64 = 0.9;
+
 /// A K near `best` (within a quarter of `kp`, at least 1 away) to explore: measuring the
 /// neighbours keeps the verify costs around the best current, and a round far from it
 /// (K = 1 where 16 would be accepted) would cost much of what speculation gains.
@@ -196,7 +200,13 @@ impl Controller {
             return Decision::Relay { probe: true };
         }
         if kp >= 2 && s.rng.f64() < self.cfg.explore {
-            return Decision::Speculate(neighbour(&mut s.rng, b.k, kp));
+            // Only a K that could plausibly be the best is worth a round to measure.
+            let k = neighbour(&mut s.rng, b.k, kp);
+            let rate = |r: &Best| r.tokens / r.time;
+            let near = x.costs.round(&x.p, x.t_draft, k, x.others, x.spec);
+            if near.is_some_and(|n| rate(&n) >= EXPLORE_WITHIN * rate(b)) {
+                return Decision::Speculate(k);
+            }
         }
         Decision::Speculate(b.k)
     }
