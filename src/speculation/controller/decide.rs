@@ -271,6 +271,7 @@ impl Controller {
             p = ?x.p,
             load = x.load,
             others = x.others,
+            together_ms = x.together.map(|g| g * 1e3),
             "plan resume"
         );
         if x.joins || (gain > 0.0 && gain * rounds > switch_cost) {
