@@ -97,7 +97,7 @@ impl Batch {
     /// positive in a row) outweigh a relay restart per stream, and leaves it as soon as
     /// the saving turns negative (each stream then weighs its own switch). When the batch
     /// speculates, also how many other streams relay beside its verify steps: those that
-    /// would not gain from a round even then, and those that posted nothing.
+    /// posted nothing (every other one joins them).
     pub(super) fn speculates(&self, slot: Option<&Slot>, w: &Weigh) -> Option<usize> {
         let mut g = self.inner.lock().ok()?;
         let mine = slot.map(|s| s.id);
@@ -126,8 +126,7 @@ impl Batch {
         } else {
             g.streak = 0;
         }
-        g.speculating
-            .then(|| unposted + others.iter().filter(|v| **v <= 0.0).count())
+        g.speculating.then_some(unposted)
     }
 }
 
@@ -169,8 +168,8 @@ mod tests {
         assert!(verdict(None, None, 0.005).is_some());
         assert_eq!(
             verdict(Some(0.01), s1.as_ref(), 0.0),
-            Some(1),
-            "one would relay"
+            Some(0),
+            "every stream that posted joins"
         );
         assert!(verdict(None, None, 0.007).is_none());
         assert!(

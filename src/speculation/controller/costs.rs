@@ -290,7 +290,10 @@ impl CostModel {
     pub(super) fn add_verify(&self, k: usize, spec: usize, secs: f64, now: Instant) -> Option<f64> {
         self.with_level(spec, |l| {
             let e = &mut l.ver[k.min(K_TRACKED)];
-            e.add_low(secs, now);
+            // The streams of a batch verify in the same steps: one stream's rounds, a
+            // verify cost apart, set the pace at which the envelope may rise.
+            let pace = e.get().unwrap_or(secs);
+            e.add_low_paced(secs, pace, now);
             e.v
         })
     }

@@ -51,8 +51,8 @@ struct Inputs {
     /// Seconds the best round saves against plain decoding when every stream of the loop
     /// verifies in the same step (the stream's entry in the batch verdict).
     together: Option<f64>,
-    /// The batch speculates and this stream gains from a round in it: it joins the
-    /// batch's verify steps (relaying beside them, a token would cost a verify step).
+    /// The batch speculates: this stream joins its verify steps (relaying beside them, a
+    /// token would cost a verify step, and a round yields at least that token).
     joins: bool,
 }
 
@@ -106,7 +106,7 @@ impl Controller {
             costs: self.costs.costs(load, spec, kp, now),
             t_draft,
             together,
-            joins: verdict.is_some() && together.is_some_and(|g| g > 0.0),
+            joins: verdict.is_some() && together.is_some(),
         }
     }
 

@@ -67,7 +67,8 @@
 //!   "slow to rise" fast.
 //! - T_ver(k), by the number of streams speculating at once, from every verify call, and
 //!   the relay restart latency: low envelopes too, so one stalled call cannot switch
-//!   speculation off; a level's verify costs resting on fewer than 8 samples are
+//!   speculation off (the verify envelope, too, rises no faster than one stream's rounds
+//!   would raise it); a level's verify costs resting on fewer than 8 samples are
 //!   re-probed proportionally sooner than the probe interval. Missing k are interpolated
 //!   from measured ones; a missing level borrows the nearest.
 //! - T_draft per drafter (times the share of drafts hidden behind verify calls by overlap).
@@ -80,7 +81,7 @@
 //!   requests, plus the upstream's running requests (from its `/metrics`) beyond what
 //!   this server can have had there when they were read — clients that bypass specd.
 //!   While the batch speculates (below), only the sequences outside the loop and the
-//!   streams that would not gain even in the batch's verify steps.
+//!   streams of the loop that have posted nothing yet.
 //!
 //! # The batch verdict (`batch.rs`)
 //! A verify pass costs every sequence in its step what it costs the verifying stream, so
@@ -92,10 +93,11 @@
 //! it enters speculation only when `SWITCH_HORIZON` rounds (or as many as the sum has
 //! been positive in a row) of that net saving outweigh a relay restart per stream, and
 //! leaves it as soon as the sum turns negative (each stream then weighs its own switch
-//! as before). While the batch speculates, a stream that gains from a round in it
-//! speculates (a relaying one resumes at once: beside the batch's verify steps a relayed
-//! token costs a verify step). While a decode-cost probe relays, every stream relays with
-//! it: plain decoding cannot be measured beside verify steps.
+//! as before). While the batch speculates, every stream of the loop speculates at its
+//! best K (a relaying one resumes at once: beside the batch's verify steps a relayed token
+//! costs a verify step, and a round yields at least that token). While a decode-cost probe
+//! relays, every stream relays with it: plain decoding cannot be measured beside verify
+//! steps.
 //!
 //! Until T_dec is known at all, streams relay: plain decoding is never a loss.
 //!

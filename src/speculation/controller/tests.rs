@@ -296,6 +296,15 @@ fn resume_needs_the_saving_to_cover_the_switch() {
         c.plan_resume(&mut s, DrafterKind::Oracle, &proposal(0, 0.5), 100),
         None
     );
+    // Beside `s` the batch speculates, and every stream joins a speculating batch (relaying
+    // beside its verify steps, a token costs a verify step)...
+    let mut joining = StreamCtl::new(true, 3);
+    teach(&c, &mut joining, 0.3, 0.5);
+    assert!(c
+        .plan_resume(&mut joining, DrafterKind::Oracle, &proposal(8, 0.5), 100)
+        .is_some());
+    drop((s, joining));
+    // ...but alone, weak drafts do not pay for the switch.
     let mut weak = StreamCtl::new(true, 2);
     teach(&c, &mut weak, 0.3, 0.5);
     assert_eq!(
