@@ -136,9 +136,10 @@ impl<'t> Generation<'t> {
         let mut content = Some(text);
         let mut step = Split::default();
         if let Some((splitter, split)) = &mut self.reasoning {
-            splitter.step(id, text, &mut step);
+            splitter.step(id, text, last, &mut step);
             split.reasoning.push_str(&step.reasoning);
             split.content.push_str(&step.content);
+            split.bare = step.bare;
             content = splitter.is_closed().then_some(step.content.as_str());
         }
         if let (Some((stream, acc)), Some(c)) = (&mut self.tools, content) {
@@ -207,6 +208,7 @@ impl<'t> Generation<'t> {
             tokens: std::mem::take(&mut self.tokens),
             split: self.reasoning.as_mut().map(|(splitter, split)| Split {
                 closed: splitter.is_closed(),
+                counted: splitter.counted(),
                 ..std::mem::take(split)
             }),
             calls: self.tools.as_mut().map(|(stream, acc)| ToolPiece {

@@ -169,9 +169,15 @@ impl Shape {
         ChatLogprobs { content }
     }
 
-    /// The reasoning tokens among `ids` (the whole output), with a reasoning parser.
-    pub fn reasoning_tokens(&self, ids: impl IntoIterator<Item = u32>) -> Option<u32> {
-        self.reasoning.map(|r| r.reasoning_tokens(ids))
+    /// The reasoning tokens among `ids` (the whole output), with a reasoning parser;
+    /// `streamed` is the count the parser kept while streaming, where it keeps one.
+    pub fn reasoning_tokens(
+        &self,
+        ids: impl IntoIterator<Item = u32>,
+        streamed: Option<u32>,
+    ) -> Option<u32> {
+        let r = self.reasoning.as_ref()?;
+        Some(streamed.unwrap_or_else(|| r.reasoning_tokens(&ids.into_iter().collect::<Vec<_>>())))
     }
 
     /// One streamed chunk; `parsed` is `text` as the parsers read it.
@@ -274,10 +280,7 @@ impl Shape {
             // With a reasoning parser too, calls are read from the content only.
             let (reasoning, content) = match &self.reasoning {
                 None => (None, Some(text.to_string())),
-                Some(r) => {
-                    let (reasoning, content) = r.split_full(text);
-                    (Some(reasoning), content)
-                }
+                Some(r) => r.split_full(text),
             };
             let e = t.extract(content.as_deref().unwrap_or(""));
             // No calls: the content as it was (null where the reasoning never closed).
@@ -309,7 +312,7 @@ impl Shape {
             None => (None, Some(Cow::Borrowed(text))),
             Some(r) => {
                 let (reasoning, content) = r.split_full(text);
-                (Some(reasoning), content.map(Cow::Owned))
+                (reasoning, content.map(Cow::Owned))
             }
         };
         Message {
@@ -343,10 +346,11 @@ fn delta<'a>(text: &'a str, parsed: Parsed<'a>, first: bool, last: bool) -> Delt
         };
     };
     // A last chunk that adds nothing names the side it ends on with "" (vLLM's last
-    // step, the unrendered EOS, is an empty delta of that side).
+    // step, the unrendered EOS, is an empty delta of that side), or is `{}` where the
+    // parser's last step added no delta.
     let some = |t: &'a String| (!t.is_empty()).then_some(t.as_str());
     let (mut content, mut reasoning) = (some(&s.content), some(&s.reasoning));
-    if last && content.is_none() && reasoning.is_none() {
+    if last && content.is_none() && reasoning.is_none() && !s.bare {
         if s.closed {
             content = Some("");
         } else {

@@ -164,6 +164,7 @@ fn reasoning_fields_as_vllm_writes_them() {
         reasoning: "r".into(),
         content: String::new(),
         closed: false,
+        ..Split::default()
     };
     let chunk = to_value(&s.chunk("r", parsed(&split), None, None, false));
     assert_eq!(chunk["choices"][0]["delta"], json!({"reasoning": "r"}));
@@ -176,6 +177,9 @@ fn reasoning_fields_as_vllm_writes_them() {
     assert_eq!(last(&split), json!({"reasoning": ""}));
     split.closed = true;
     assert_eq!(last(&split), json!({"content": ""}));
+    // A grammar-engine parser whose last step added no delta: `{}`.
+    split.bare = true;
+    assert_eq!(last(&split), json!({}));
     let usage = to_value(&s.usage_chunk(&stats(), Some(2)));
     assert_eq!(
         usage["usage"]["completion_tokens_details"],

@@ -17,7 +17,7 @@ use super::controller::Controller;
 use super::reasoning::Reasoning;
 use super::request::{Endpoint, GenRequest, Intake};
 use super::tools::{Choice, Tools};
-use crate::config::{ReasoningParserArg, SpecMode, ToolCallParserArg};
+use crate::config::{ReasoningParser, ReasoningParserArg, SpecMode, ToolCallParserArg};
 use crate::metrics::labels::PassthroughReason as Reason;
 use crate::protocol::lax;
 use crate::tokens::ModelTokenizer;
@@ -119,11 +119,21 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     }
     let reasoning = match c.reasoning.filter(|_| chat) {
         None => None,
-        Some(arg) => match reasoning_for(arg, &tokenizer, &gen) {
+        Some(arg) => match reasoning_for(arg, &tokenizer, &gen, tools.is_some()) {
             Some(r) => Some(r),
             None => return pass(Reason::Parser, gen),
         },
     };
+    if reasoning
+        .as_ref()
+        .is_some_and(Reasoning::keeps_special_tokens)
+    {
+        // The grammar-engine parsers' `adjust_request`.
+        gen.skip_special_tokens = false;
+        if tokenizer.spaced_specials && spaced {
+            return pass(Reason::UnsupportedParam, gen);
+        }
+    }
     Route::Speculate(Box::new(Plan {
         gen,
         mode,
@@ -159,12 +169,18 @@ fn tools_for(c: &Conditions<'_>, chat: bool, gen: &GenRequest) -> Result<Option<
 /// hidden by the request, which vLLM then drops from stream metadata too).
 fn reasoning_for(
     arg: &ReasoningParserArg,
-    tokenizer: &ModelTokenizer,
+    tokenizer: &Arc<ModelTokenizer>,
     gen: &GenRequest,
+    with_tools: bool,
 ) -> Option<Reasoning> {
     let ReasoningParserArg::Known(parser) = arg else {
         return None;
     };
+    // A grammar-engine parser beside a tool parser shapes the answer together with it,
+    // which specd does not reproduce.
+    if with_tools && *parser != ReasoningParser::DeepseekR1 {
+        return None;
+    }
     let shown = gen
         .body
         .get("include_reasoning")
@@ -172,5 +188,5 @@ fn reasoning_for(
     if !shown {
         return None;
     }
-    Reasoning::resolve(*parser, tokenizer)
+    Reasoning::resolve(*parser, tokenizer, gen.body.get("chat_template_kwargs"))
 }
