@@ -103,15 +103,23 @@ fn reasoning_parser(s: &str) -> Result<ReasoningParserArg, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolCallParser {
     Hermes,
+    /// Whole answers only: a streamed chat that may call tools passes through.
+    Llama3Json,
 }
 
 impl ToolCallParser {
-    pub const ALL: [ToolCallParser; 1] = [ToolCallParser::Hermes];
+    pub const ALL: [ToolCallParser; 2] = [ToolCallParser::Hermes, ToolCallParser::Llama3Json];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ToolCallParser::Hermes => "hermes",
+            ToolCallParser::Llama3Json => "llama3_json",
         }
+    }
+
+    /// specd reproduces this parser's streamed calls too.
+    pub fn streams(self) -> bool {
+        self == ToolCallParser::Hermes
     }
 }
 
@@ -307,7 +315,8 @@ pub struct ServeArgs {
     /// The upstream's `--tool-call-parser` (vLLM does not report it). With
     /// `--enable-auto-tool-choice`, chat answers are parsed for tool calls as that parser
     /// reads them, and requests with `tools` and `tool_choice` `auto` or `none` are
-    /// speculated. specd implements `hermes`; with any other name, chat completions pass
+    /// speculated. specd implements `hermes` and `llama3_json` (whose streamed chat with
+    /// `tool_choice` `auto` passes through); with any other name, chat completions pass
     /// through.
     #[arg(long, env = "SPECD_TOOL_CALL_PARSER", value_parser = tool_call_parser)]
     pub tool_call_parser: Option<ToolCallParserArg>,
@@ -506,6 +515,13 @@ mod tests {
         assert_eq!(
             p(&["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]),
             Ok((Some(ToolCallParserArg::Known(ToolCallParser::Hermes)), true))
+        );
+        assert_eq!(
+            p(&["--tool-call-parser", "llama3_json"]),
+            Ok((
+                Some(ToolCallParserArg::Known(ToolCallParser::Llama3Json)),
+                false
+            ))
         );
         assert_eq!(
             p(&["--tool-call-parser", "kimi_k2"]),

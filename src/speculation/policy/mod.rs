@@ -17,7 +17,9 @@ use super::controller::Controller;
 use super::reasoning::Reasoning;
 use super::request::{Endpoint, GenRequest, Intake};
 use super::tools::{Choice, Tools};
-use crate::config::{ReasoningParser, ReasoningParserArg, SpecMode, ToolCallParserArg};
+use crate::config::{
+    ReasoningParser, ReasoningParserArg, SpecMode, ToolCallParser, ToolCallParserArg,
+};
 use crate::metrics::labels::PassthroughReason as Reason;
 use crate::protocol::lax;
 use crate::tokens::ModelTokenizer;
@@ -104,7 +106,7 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
         Ok(t) => t,
         Err(reason) => return pass(reason, gen),
     };
-    if tools.is_some_and(|t| t.choice == Choice::Auto) {
+    if tools.is_some_and(|t| t.choice == Choice::Auto && t.parser == ToolCallParser::Hermes) {
         // vLLM's hermes parser keeps special tokens for tool calls (`adjust_request`).
         gen.skip_special_tokens = false;
     }
@@ -157,6 +159,10 @@ fn tools_for(c: &Conditions<'_>, chat: bool, gen: &GenRequest) -> Result<Option<
         (None, None) => Ok(None),
         (None, Some(_)) => Err(Reason::Tools),
         (Some(ToolCallParserArg::Unimplemented(_)), _) => Err(Reason::Parser),
+        // A parser whose streamed calls specd does not reproduce: its streams pass.
+        (Some(ToolCallParserArg::Known(p)), Some(Choice::Auto)) if gen.stream && !p.streams() => {
+            Err(Reason::Parser)
+        }
         (Some(ToolCallParserArg::Known(parser)), choice) => Ok(Some(Tools {
             parser: *parser,
             choice: choice.unwrap_or(Choice::None),
