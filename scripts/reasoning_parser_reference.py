@@ -131,18 +131,20 @@ def run(name, kwargs, tok, prompt, steps, req):
 
 def steps_of(tok, toks, stop_eos, hold):
     """One step per token; `hold`: every third token's text comes with the next one
-    (as a stop string holds it back); `stop_eos`: the last step is the unrendered EOS."""
+    (as a stop string holds it back); `stop_eos`: the last step is the unrendered EOS
+    (with any text still held)."""
     steps, held = [], ""
     for k, t in enumerate(toks):
         text = held + t
         held = ""
-        if hold and k % 3 == 1 and k + 1 < len(toks):
+        if hold and k % 3 == 1 and (k + 1 < len(toks) or stop_eos):
             held, text = text, ""
         steps.append({"tokens": [[tok.id(t), t]], "text": text})
-    if held and steps:
-        steps[-1]["text"] += held
     if stop_eos or not steps:
-        steps.append({"tokens": [[tok.id(EOS), EOS]], "text": ""})
+        # Held text comes out with the unrendered EOS, as a stop matcher releases it.
+        steps.append({"tokens": [[tok.id(EOS), EOS]], "text": held})
+    elif held:
+        steps[-1]["text"] += held
     return steps
 
 

@@ -133,3 +133,24 @@ fn held_text_goes_where_the_stream_stands() {
     s.held("b", &mut out);
     assert_eq!((out.reasoning.as_str(), out.content.as_str()), ("a", "b"));
 }
+
+#[test]
+fn chat_template_kwargs_switch_thinking_as_each_parser_reads_them() {
+    use serde_json::json;
+    let on = |p, v: serde_json::Value| super::thinking(p, Some(&v));
+    let (q, k) = (ReasoningParser::Qwen3, ReasoningParser::KimiK2);
+    assert_eq!(super::thinking(q, None), Some(true));
+    assert_eq!(on(q, json!({})), Some(true));
+    assert_eq!(on(q, json!({"enable_thinking": false})), Some(false));
+    assert_eq!(on(q, json!({"thinking": false})), Some(true));
+    // kimi_k2: on unless a switch is given, then on if either is true.
+    assert_eq!(on(k, json!({"thinking": false})), Some(false));
+    assert_eq!(on(k, json!({"enable_thinking": false})), Some(false));
+    assert_eq!(
+        on(k, json!({"thinking": false, "enable_thinking": true})),
+        Some(true)
+    );
+    // Shapes specd does not read: the chat passes through.
+    assert_eq!(on(q, json!({"enable_thinking": "no"})), None);
+    assert_eq!(on(k, json!([1])), None);
+}
