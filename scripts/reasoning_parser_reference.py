@@ -11,7 +11,8 @@ The parser class is the one vLLM's chat serving builds for `--reasoning-parser N
 token's id and the text released with it, the prompt's ids on every call, `finished` on
 the last) and `count_reasoning_tokens` after a stream. The tokenizer is a small
 stand-in (each token's text is fixed), so the cases can place markers as single tokens,
-as text spelled over several tokens, and hold text back as a stop string does.
+as text spelled over several tokens, and hold text back as a stop string does. `qwen3` also runs beside the `hermes` tool
+parser (`with_hermes`), as `--reasoning-parser qwen3 --tool-call-parser hermes` serves.
 """
 import json
 import sys
@@ -148,6 +149,63 @@ def steps_of(tok, toks, stop_eos, hold):
     return steps
 
 
+TOOL_TEXTS = [
+    'plan it\n</think>\n\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>',
+    'plan <tool_call>{"name": "f", "arguments": {}}</tool_call>',
+    'r</think>text only',
+    'r</think>pre <tool_call>{"name": "a", "arguments": {"q": "é"}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>',
+    'still thinking <tool_',
+    'x</think>\n<tool_call>{"name": "f", "arguments": {"k": [1, 2]}',
+    'done</think>  <tool_call>{"bad json</tool_call>',
+]
+
+
+def run_with_tools(tok, prompt, steps, req):
+    """`qwen3` beside `hermes`: whole (reasoning, content, calls) and every step's
+    [reasoning, content, calls as [index, name, arguments]]."""
+    cls = ParserManager.get_parser(tool_parser_name="hermes", reasoning_parser_name="qwen3",
+                                   enable_auto_tools=True)
+    make = lambda: cls(tok, req.tools, chat_template_kwargs=None)
+    ids = [i for s in steps for i, _ in s["tokens"]]
+    text = "".join(s["text"] for s in steps)
+    reasoning, content, calls = make().parse(text, req, enable_auto_tools=True,
+                                             model_output_token_ids=ids)
+    p = make()
+    out = []
+    for k, s in enumerate(steps):
+        d = p.parse_delta(s["text"], [i for i, _ in s["tokens"]], req,
+                          prompt_token_ids=prompt, finished=k == len(steps) - 1)
+        if d is None:
+            out.append(None)
+            continue
+        tc = [[t.index, t.function.name if t.function else None,
+               t.function.arguments if t.function else None] for t in d.tool_calls]
+        out.append([d.reasoning, d.content, tc])
+    return {
+        "whole": {"reasoning": reasoning, "content": content,
+                  "calls": [[c.name, c.arguments] for c in calls or []]},
+        "deltas": out,
+    }
+
+
+def with_tools_cases():
+    tok = Tok(MARKERS["qwen3"])
+    im_start, think, end = tok.id("<|im_start|>"), tok.id("<think>"), tok.id("</think>")
+    prompts = [[im_start, tok.id("assistant\n")], [think, tok.id("r"), end, tok.id("\n\n")]]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    cases = []
+    for choice in ("auto", "none"):
+        req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
+                                    tools=tools, tool_choice=choice)
+        for text in TOOL_TEXTS + TEXTS[:6]:
+            for v, prompt in enumerate(prompts):
+                steps = steps_of(tok, pieces(text, MARKERS["qwen3"]), True, v == 1)
+                case = {"choice": choice, "prompt": prompt, "steps": steps}
+                case.update(run_with_tools(tok, prompt, steps, req))
+                cases.append(case)
+    return cases
+
+
 def main():
     req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
     cases = []
@@ -174,6 +232,8 @@ def main():
     out = sys.stdout
     out.write('{"vocab": %s,\n"cases": [\n' % json.dumps(vocab, ensure_ascii=False))
     out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases))
+    out.write('\n],\n"with_hermes": [\n')
+    out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in with_tools_cases()))
     out.write("\n]}\n")
 
 

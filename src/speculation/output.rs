@@ -277,18 +277,8 @@ impl Shape {
     /// tool-call parser, if any.
     fn message<'a>(&self, text: &'a str) -> Message<'a> {
         if let Some(t) = &self.tools {
-            // With a reasoning parser too, calls are read from the content only.
-            let (reasoning, content) = match &self.reasoning {
-                None => (None, Some(text.to_string())),
-                Some(r) => r.split_full(text),
-            };
-            let e = t.extract(content.as_deref().unwrap_or(""));
-            // No calls: the content as it was (null where the reasoning never closed).
-            let content = if e.calls.is_empty() {
-                content
-            } else {
-                e.content
-            };
+            let (reasoning, e) = read_whole(self.reasoning.as_ref(), t, text);
+            let content = e.content;
             let tool_calls = e
                 .calls
                 .into_iter()
@@ -324,15 +314,36 @@ impl Shape {
     }
 }
 
+/// A whole chat answer read by the tool-call parser (and split by the reasoning parser
+/// first, if any): the reasoning, and the content and calls.
+pub fn read_whole(
+    reasoning: Option<&Reasoning>,
+    tools: &Tools,
+    text: &str,
+) -> (Option<String>, tools::Extracted) {
+    // With a reasoning parser too, calls are read from the content only.
+    let (reasoning, content) = match reasoning {
+        None => (None, Some(text.to_string())),
+        Some(r) => r.split_full(text),
+    };
+    let mut e = tools.extract(content.as_deref().unwrap_or(""));
+    // No calls: the content as it was (null where the reasoning never closed).
+    if e.calls.is_empty() {
+        e.content = content;
+    }
+    (reasoning, e)
+}
+
 /// A chat delta: all `text` as content, or (with a parser) the parts this chunk adds.
 fn delta<'a>(text: &'a str, parsed: Parsed<'a>, first: bool, last: bool) -> Delta<'a> {
     let role = first.then_some("assistant");
     if let Some(c) = parsed.calls {
         let mut d = tool_delta(role, &c.delta);
         // With a reasoning parser too: the reasoning the chunk adds, and a last chunk
-        // that adds nothing while reasoning is open is an empty reasoning delta.
+        // that adds nothing while reasoning is open is an empty reasoning delta (`{}`
+        // where the parser's last step added no delta).
         if let Some(s) = parsed.split {
-            let open_end = last && !s.closed && c.delta.is_empty();
+            let open_end = last && !s.closed && !s.bare && c.delta.is_empty();
             d.reasoning = (!s.reasoning.is_empty() || open_end).then_some(s.reasoning.as_str());
         }
         return d;

@@ -315,6 +315,10 @@ fn reasoning_with_tool_calls_as_vllm_writes_them() {
         to_value(&s.chunk("", parsed, None, Some(&stop), false))["choices"][0]["delta"].clone()
     };
     assert_eq!(last(&split), json!({"reasoning": ""}));
+    // A grammar-engine reasoning parser whose last step added no delta: `{}`.
+    split.bare = true;
+    assert_eq!(last(&split), json!({}));
+    split.bare = false;
     split.closed = true;
     assert_eq!(last(&split), json!({}));
 }

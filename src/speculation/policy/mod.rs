@@ -17,9 +17,7 @@ use super::controller::Controller;
 use super::reasoning::Reasoning;
 use super::request::{Endpoint, GenRequest, Intake};
 use super::tools::{Choice, Tools};
-use crate::config::{
-    ReasoningParser, ReasoningParserArg, SpecMode, ToolCallParser, ToolCallParserArg,
-};
+use crate::config::{ReasoningParserArg, SpecMode, ToolCallParser, ToolCallParserArg};
 use crate::metrics::labels::PassthroughReason as Reason;
 use crate::protocol::lax;
 use crate::tokens::ModelTokenizer;
@@ -121,7 +119,7 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     }
     let reasoning = match c.reasoning.filter(|_| chat) {
         None => None,
-        Some(arg) => match reasoning_for(arg, &tokenizer, &gen, tools.is_some()) {
+        Some(arg) => match reasoning_for(arg, &tokenizer, &gen) {
             Some(r) => Some(r),
             None => return pass(Reason::Parser, gen),
         },
@@ -177,16 +175,10 @@ fn reasoning_for(
     arg: &ReasoningParserArg,
     tokenizer: &Arc<ModelTokenizer>,
     gen: &GenRequest,
-    with_tools: bool,
 ) -> Option<Reasoning> {
     let ReasoningParserArg::Known(parser) = arg else {
         return None;
     };
-    // A grammar-engine parser beside a tool parser shapes the answer together with it,
-    // which specd does not reproduce.
-    if with_tools && *parser != ReasoningParser::DeepseekR1 {
-        return None;
-    }
     let shown = gen
         .body
         .get("include_reasoning")

@@ -104,3 +104,104 @@ fn engine_equals_vllm() {
         assert_eq!(counted, c.stream_count, "stream count: {what}");
     }
 }
+
+#[derive(Deserialize)]
+struct ToolFixture {
+    vocab: HashMap<String, VocabDef>,
+    with_hermes: Vec<ToolCase>,
+}
+
+/// A step's `[reasoning, content, [index, name, arguments]…]`.
+type ToolDelta = (
+    Option<String>,
+    Option<String>,
+    Vec<(u32, Option<String>, Option<String>)>,
+);
+
+#[derive(Deserialize)]
+struct ToolCase {
+    choice: String,
+    prompt: Vec<u32>,
+    steps: Vec<Step>,
+    whole: ToolWhole,
+    deltas: Vec<Option<ToolDelta>>,
+}
+
+#[derive(Deserialize)]
+struct ToolWhole {
+    reasoning: Option<String>,
+    content: Option<String>,
+    calls: Vec<(String, String)>,
+}
+
+/// `qwen3` beside `hermes`, composed as generation.rs composes every step.
+#[test]
+fn engine_with_hermes_equals_vllm() {
+    use crate::config::ToolCallParser;
+    use crate::speculation::generation::parse_step;
+    use crate::speculation::output::read_whole;
+    use crate::speculation::reasoning::Reasoning;
+    use crate::speculation::tools::{Choice, Tools};
+    let f: ToolFixture =
+        serde_json::from_str(include_str!("../engine_vllm.json")).expect("fixture");
+    assert!(f.with_hermes.len() > 40, "{} cases", f.with_hermes.len());
+    let v = &f.vocab["qwen3"];
+    for c in &f.with_hermes {
+        let texts: HashMap<u32, String> = c.steps.iter().flat_map(|s| s.tokens.clone()).collect();
+        let one = Arc::new(texts);
+        let one2 = one.clone();
+        let texts = Texts {
+            one: Arc::new(move |id| one.get(&id).cloned().unwrap_or_default()),
+            all: Arc::new(move |ids| ids.iter().filter_map(|id| one2.get(id).cloned()).collect()),
+        };
+        let specials: Vec<(String, u32)> =
+            v.special.iter().map(|t| (t.clone(), v.tokens[t])).collect();
+        let g = Grammar::new(
+            ReasoningParser::Qwen3,
+            true,
+            |t| v.tokens.get(t).copied(),
+            &specials,
+            texts,
+        );
+        let r = Reasoning::with_grammar(ReasoningParser::Qwen3, g);
+        let tools = Tools {
+            parser: ToolCallParser::Hermes,
+            choice: if c.choice == "none" {
+                Choice::None
+            } else {
+                Choice::Auto
+            },
+        };
+        let text: String = c.steps.iter().map(|s| s.text.as_str()).collect();
+        let what = format!("{} {:?} {text:?}", c.choice, c.prompt);
+        let (reasoning, e) = read_whole(Some(&r), &tools, &text);
+        let calls: Vec<(String, String)> =
+            e.calls.into_iter().map(|c| (c.name, c.arguments)).collect();
+        assert_eq!(
+            (&reasoning, &e.content, &calls),
+            (&c.whole.reasoning, &c.whole.content, &c.whole.calls),
+            "whole: {what}"
+        );
+        let (mut split, mut ts) = (r.stream(&c.prompt), tools.stream());
+        for (k, (step, want)) in c.steps.iter().zip(&c.deltas).enumerate() {
+            let [(id, _)] = step.tokens[..] else {
+                panic!("one token a step: {what}");
+            };
+            let last = k + 1 == c.steps.len();
+            let (s, d) = parse_step(Some(&mut split), Some(&mut ts), id, &step.text, last);
+            let d = d.unwrap_or_default();
+            let got = (!s.reasoning.is_empty() || !d.is_empty()).then(|| {
+                let calls = d
+                    .calls
+                    .iter()
+                    .map(|c| (c.index, c.name.clone(), c.arguments.clone()));
+                (
+                    (!s.reasoning.is_empty()).then_some(s.reasoning),
+                    d.content.clone(),
+                    calls.collect::<Vec<_>>(),
+                )
+            });
+            assert_eq!(&got, want, "step {k} ({:?}) of {what}", step.text);
+        }
+    }
+}
