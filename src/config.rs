@@ -51,20 +51,28 @@ impl SpecMode {
     }
 }
 
-/// A reasoning parser specd reproduces, by vLLM's name for it. (vLLM 0.32's `qwen3` is
-/// a grammar engine whose output differs from `deepseek_r1`'s in ways specd does not
-/// reproduce yet — docs/reasoning.md — so it is not here: its chat answers pass through.)
+/// A reasoning parser specd reproduces, by vLLM's name for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningParser {
     DeepseekR1,
+    /// vLLM's grammar-engine `qwen3` (`vllm/parser/qwen3.py`).
+    Qwen3,
+    /// vLLM's grammar-engine `kimi_k2` (`vllm/parser/kimi_k2.py`).
+    KimiK2,
 }
 
 impl ReasoningParser {
-    pub const ALL: [ReasoningParser; 1] = [ReasoningParser::DeepseekR1];
+    pub const ALL: [ReasoningParser; 3] = [
+        ReasoningParser::DeepseekR1,
+        ReasoningParser::Qwen3,
+        ReasoningParser::KimiK2,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ReasoningParser::DeepseekR1 => "deepseek_r1",
+            ReasoningParser::Qwen3 => "qwen3",
+            ReasoningParser::KimiK2 => "kimi_k2",
         }
     }
 }
@@ -95,15 +103,23 @@ fn reasoning_parser(s: &str) -> Result<ReasoningParserArg, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolCallParser {
     Hermes,
+    /// Whole answers only: a streamed chat that may call tools passes through.
+    Llama3Json,
 }
 
 impl ToolCallParser {
-    pub const ALL: [ToolCallParser; 1] = [ToolCallParser::Hermes];
+    pub const ALL: [ToolCallParser; 2] = [ToolCallParser::Hermes, ToolCallParser::Llama3Json];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ToolCallParser::Hermes => "hermes",
+            ToolCallParser::Llama3Json => "llama3_json",
         }
+    }
+
+    /// specd reproduces this parser's streamed calls too.
+    pub fn streams(self) -> bool {
+        self == ToolCallParser::Hermes
     }
 }
 
@@ -291,14 +307,16 @@ pub struct ServeArgs {
 
     /// The upstream's `--reasoning-parser` (vLLM does not report it): chat answers are
     /// split into `reasoning` and `content` as that parser splits them. specd implements
-    /// `deepseek_r1`; with any other name, chat completions pass through.
+    /// `deepseek_r1`, `qwen3` and `kimi_k2`; with any other name, chat completions pass
+    /// through.
     #[arg(long, env = "SPECD_REASONING_PARSER", value_parser = reasoning_parser)]
     pub reasoning_parser: Option<ReasoningParserArg>,
 
     /// The upstream's `--tool-call-parser` (vLLM does not report it). With
     /// `--enable-auto-tool-choice`, chat answers are parsed for tool calls as that parser
     /// reads them, and requests with `tools` and `tool_choice` `auto` or `none` are
-    /// speculated. specd implements `hermes`; with any other name, chat completions pass
+    /// speculated. specd implements `hermes` and `llama3_json` (whose streamed chat with
+    /// `tool_choice` `auto` passes through); with any other name, chat completions pass
     /// through.
     #[arg(long, env = "SPECD_TOOL_CALL_PARSER", value_parser = tool_call_parser)]
     pub tool_call_parser: Option<ToolCallParserArg>,
@@ -478,11 +496,15 @@ mod tests {
         );
         assert_eq!(
             p("qwen3"),
-            Ok(Some(ReasoningParserArg::Unimplemented("qwen3".into())))
+            Ok(Some(ReasoningParserArg::Known(ReasoningParser::Qwen3)))
         );
         assert_eq!(
             p("kimi_k2"),
-            Ok(Some(ReasoningParserArg::Unimplemented("kimi_k2".into())))
+            Ok(Some(ReasoningParserArg::Known(ReasoningParser::KimiK2)))
+        );
+        assert_eq!(
+            p("gptoss"),
+            Ok(Some(ReasoningParserArg::Unimplemented("gptoss".into())))
         );
     }
 
@@ -493,6 +515,13 @@ mod tests {
         assert_eq!(
             p(&["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]),
             Ok((Some(ToolCallParserArg::Known(ToolCallParser::Hermes)), true))
+        );
+        assert_eq!(
+            p(&["--tool-call-parser", "llama3_json"]),
+            Ok((
+                Some(ToolCallParserArg::Known(ToolCallParser::Llama3Json)),
+                false
+            ))
         );
         assert_eq!(
             p(&["--tool-call-parser", "kimi_k2"]),

@@ -239,9 +239,29 @@ async fn compare(
 
 #[tokio::test]
 async fn chat_answers_split_like_direct_vllm() {
-    let up = reasoning_upstream(PARSER);
-    let specd = Specd::start_ready(&up, &["--reasoning-parser", PARSER]).await;
-    let convs = conversations();
+    split_like_direct(PARSER, conversations()).await;
+}
+
+/// vLLM's grammar-engine parsers on the same model, with thinking switched off by
+/// `chat_template_kwargs` as well.
+#[tokio::test]
+async fn engine_parsers_split_like_direct_vllm() {
+    for (parser, off) in [("qwen3", "enable_thinking"), ("kimi_k2", "thinking")] {
+        let mut convs = conversations();
+        for c in conversations().into_iter().step_by(6) {
+            let mut extra = c.2.clone();
+            extra["chat_template_kwargs"] = json!({ off: false });
+            convs.push((c.0, c.1, extra));
+        }
+        split_like_direct(parser, convs).await;
+    }
+}
+
+/// Every conversation, streamed and not, in `on` and `auto`, through specd started with
+/// `--reasoning-parser parser` in front of a vLLM running it: equal to direct vLLM.
+async fn split_like_direct(parser: &str, convs: Vec<(Vec<Value>, u32, Value)>) {
+    let up = reasoning_upstream(parser);
+    let specd = Specd::start_ready(&up, &["--reasoning-parser", parser]).await;
     let mut bad = Vec::new();
     let mut equal = 0;
     let mut with_content = 0;
@@ -261,7 +281,7 @@ async fn chat_answers_split_like_direct_vllm() {
         with_content += u32::from(a.content.as_str().is_some_and(|c| !c.is_empty()));
     }
     eprintln!(
-        "{equal} of {} speculated answers equalled direct vLLM ({} conversations, \
+        "{parser}: {equal} of {} speculated answers equalled direct vLLM ({} conversations, \
          {with_content} with content, {quirks} whose streamed split differs from the whole)",
         convs.len() * 4,
         convs.len()
@@ -305,8 +325,8 @@ async fn unimplemented_parsers_and_hidden_reasoning_pass_through() {
     let mut direct_body = body.clone();
     direct_body.as_object_mut().map(|o| o.remove("speculation"));
     let (_, direct) = post(&up, "/v1/chat/completions", &direct_body).await;
-    // Names specd does not implement (qwen3: not yet): chat passes through, untouched.
-    for name in ["kimi_k2", "qwen3"] {
+    // Names specd does not implement: chat passes through, untouched.
+    for name in ["gptoss", "granite"] {
         let specd = Specd::start_ready(&up, &["--reasoning-parser", name]).await;
         // The series exists from start (the dashboard reads every reason).
         let m = specd.metrics().await;

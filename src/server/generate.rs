@@ -229,7 +229,7 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
             _ => st.args.max_draft_tokens,
         }),
         switch_every: gen.spec.switch_every,
-        reasoning,
+        reasoning: reasoning.clone(),
         tools,
     };
     let deps = SessionDeps {

@@ -106,7 +106,7 @@ async fn full_response(
                 tokens.append(&mut k);
                 let mut off = 0;
                 let lp = shape.logprobs(&tokens, &mut off);
-                let thought = shape.reasoning_tokens(tokens.iter().map(|s| s.id));
+                let thought = shape.reasoning_tokens(tokens.iter().map(|s| s.id), None);
                 outcome.tokens(tokens.len() as u64);
                 outcome.complete();
                 let body = shape.full(&text, lp, &finish, &stats, thought);
@@ -229,7 +229,8 @@ fn stream_response(
                 )));
                 s.outcome.tokens(tokens.len() as u64);
                 if s.include_usage {
-                    let thought = s.shape.reasoning_tokens(s.ids.iter().copied());
+                    let counted = split.as_ref().and_then(|p| p.counted);
+                    let thought = s.shape.reasoning_tokens(s.ids.iter().copied(), counted);
                     out.extend_from_slice(&sse(&s.shape.usage_chunk(&stats, thought)));
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");

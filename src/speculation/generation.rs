@@ -131,20 +131,20 @@ impl<'t> Generation<'t> {
     /// when generation ends with it.
     fn release(&mut self, id: u32, text: &str, last: bool) {
         self.text.push_str(text);
-        // With both parsers, vLLM parses tool calls from the content once reasoning has
-        // ended (the step that ends it parses its content, none for a lone `</think>`).
-        let mut content = Some(text);
-        let mut step = Split::default();
-        if let Some((splitter, split)) = &mut self.reasoning {
-            splitter.step(id, text, &mut step);
+        let (step, calls) = parse_step(
+            self.reasoning.as_mut().map(|(s, _)| s),
+            self.tools.as_mut().map(|(t, _)| t),
+            id,
+            text,
+            last,
+        );
+        if let Some((_, split)) = &mut self.reasoning {
             split.reasoning.push_str(&step.reasoning);
             split.content.push_str(&step.content);
-            content = splitter.is_closed().then_some(step.content.as_str());
+            split.bare = step.bare;
         }
-        if let (Some((stream, acc)), Some(c)) = (&mut self.tools, content) {
-            if let Some(d) = stream.step(c, last) {
-                acc.append(d);
-            }
+        if let (Some((_, acc)), Some(d)) = (&mut self.tools, calls) {
+            acc.append(d);
         }
     }
 
@@ -207,6 +207,7 @@ impl<'t> Generation<'t> {
             tokens: std::mem::take(&mut self.tokens),
             split: self.reasoning.as_mut().map(|(splitter, split)| Split {
                 closed: splitter.is_closed(),
+                counted: splitter.counted(),
                 ..std::mem::take(split)
             }),
             calls: self.tools.as_mut().map(|(stream, acc)| ToolPiece {
@@ -251,6 +252,43 @@ impl Generation<'_> {
             *acc = earlier.delta;
         }
     }
+}
+
+/// One streaming step through the parsers, as vLLM's `parse_delta` composes them: what
+/// the reasoning parser splits off, and what the tool-call parser makes of the content.
+/// With both, tool calls are parsed from the content once reasoning has ended (the step
+/// that ends it parses its content, none for a lone `</think>`); content the reasoning
+/// parser releases while still open (its held text, at the end) is content as it is.
+pub fn parse_step(
+    reasoning: Option<&mut StreamSplit>,
+    tools: Option<&mut ToolStream>,
+    id: u32,
+    text: &str,
+    last: bool,
+) -> (Split, Option<StreamDelta>) {
+    let mut step = Split::default();
+    let mut content = Some(text);
+    let mut raw = None;
+    if let Some(splitter) = reasoning {
+        splitter.step(id, text, last, &mut step);
+        if splitter.is_closed() {
+            content = Some(step.content.as_str());
+        } else {
+            content = None;
+            raw = (!step.content.is_empty()).then(|| step.content.clone());
+        }
+    }
+    let mut calls = None;
+    if let Some(stream) = tools {
+        if let Some(c) = content {
+            calls = stream.step(c, last);
+        }
+        if let Some(r) = raw {
+            let d = calls.get_or_insert_with(StreamDelta::default);
+            d.content.get_or_insert_with(String::new).push_str(&r);
+        }
+    }
+    (step, calls)
 }
 
 #[cfg(test)]

@@ -169,9 +169,15 @@ impl Shape {
         ChatLogprobs { content }
     }
 
-    /// The reasoning tokens among `ids` (the whole output), with a reasoning parser.
-    pub fn reasoning_tokens(&self, ids: impl IntoIterator<Item = u32>) -> Option<u32> {
-        self.reasoning.map(|r| r.reasoning_tokens(ids))
+    /// The reasoning tokens among `ids` (the whole output), with a reasoning parser;
+    /// `streamed` is the count the parser kept while streaming, where it keeps one.
+    pub fn reasoning_tokens(
+        &self,
+        ids: impl IntoIterator<Item = u32>,
+        streamed: Option<u32>,
+    ) -> Option<u32> {
+        let r = self.reasoning.as_ref()?;
+        Some(streamed.unwrap_or_else(|| r.reasoning_tokens(&ids.into_iter().collect::<Vec<_>>())))
     }
 
     /// One streamed chunk; `parsed` is `text` as the parsers read it.
@@ -271,21 +277,8 @@ impl Shape {
     /// tool-call parser, if any.
     fn message<'a>(&self, text: &'a str) -> Message<'a> {
         if let Some(t) = &self.tools {
-            // With a reasoning parser too, calls are read from the content only.
-            let (reasoning, content) = match &self.reasoning {
-                None => (None, Some(text.to_string())),
-                Some(r) => {
-                    let (reasoning, content) = r.split_full(text);
-                    (Some(reasoning), content)
-                }
-            };
-            let e = t.extract(content.as_deref().unwrap_or(""));
-            // No calls: the content as it was (null where the reasoning never closed).
-            let content = if e.calls.is_empty() {
-                content
-            } else {
-                e.content
-            };
+            let (reasoning, e) = read_whole(self.reasoning.as_ref(), t, text);
+            let content = e.content;
             let tool_calls = e
                 .calls
                 .into_iter()
@@ -309,7 +302,7 @@ impl Shape {
             None => (None, Some(Cow::Borrowed(text))),
             Some(r) => {
                 let (reasoning, content) = r.split_full(text);
-                (Some(reasoning), content.map(Cow::Owned))
+                (reasoning, content.map(Cow::Owned))
             }
         };
         Message {
@@ -321,15 +314,36 @@ impl Shape {
     }
 }
 
+/// A whole chat answer read by the tool-call parser (and split by the reasoning parser
+/// first, if any): the reasoning, and the content and calls.
+pub fn read_whole(
+    reasoning: Option<&Reasoning>,
+    tools: &Tools,
+    text: &str,
+) -> (Option<String>, tools::Extracted) {
+    // With a reasoning parser too, calls are read from the content only.
+    let (reasoning, content) = match reasoning {
+        None => (None, Some(text.to_string())),
+        Some(r) => r.split_full(text),
+    };
+    let mut e = tools.extract(content.as_deref().unwrap_or(""));
+    // No calls: the content as it was (null where the reasoning never closed).
+    if e.calls.is_empty() {
+        e.content = content;
+    }
+    (reasoning, e)
+}
+
 /// A chat delta: all `text` as content, or (with a parser) the parts this chunk adds.
 fn delta<'a>(text: &'a str, parsed: Parsed<'a>, first: bool, last: bool) -> Delta<'a> {
     let role = first.then_some("assistant");
     if let Some(c) = parsed.calls {
         let mut d = tool_delta(role, &c.delta);
         // With a reasoning parser too: the reasoning the chunk adds, and a last chunk
-        // that adds nothing while reasoning is open is an empty reasoning delta.
+        // that adds nothing while reasoning is open is an empty reasoning delta (`{}`
+        // where the parser's last step added no delta).
         if let Some(s) = parsed.split {
-            let open_end = last && !s.closed && c.delta.is_empty();
+            let open_end = last && !s.closed && !s.bare && c.delta.is_empty();
             d.reasoning = (!s.reasoning.is_empty() || open_end).then_some(s.reasoning.as_str());
         }
         return d;
@@ -343,10 +357,11 @@ fn delta<'a>(text: &'a str, parsed: Parsed<'a>, first: bool, last: bool) -> Delt
         };
     };
     // A last chunk that adds nothing names the side it ends on with "" (vLLM's last
-    // step, the unrendered EOS, is an empty delta of that side).
+    // step, the unrendered EOS, is an empty delta of that side), or is `{}` where the
+    // parser's last step added no delta.
     let some = |t: &'a String| (!t.is_empty()).then_some(t.as_str());
     let (mut content, mut reasoning) = (some(&s.content), some(&s.reasoning));
-    if last && content.is_none() && reasoning.is_none() {
+    if last && content.is_none() && reasoning.is_none() && !s.bare {
         if s.closed {
             content = Some("");
         } else {

@@ -15,6 +15,7 @@
 //!   no text sends nothing (the last one an empty delta).
 
 pub mod hermes;
+pub mod llama3_json;
 pub mod pyjson;
 
 use crate::config::ToolCallParser;
@@ -115,6 +116,7 @@ impl Tools {
         }
         let mut e = match self.parser {
             ToolCallParser::Hermes => hermes::extract(text),
+            ToolCallParser::Llama3Json => llama3_json::extract(text),
         };
         // The serving layer: beside calls, blank content is null.
         let blank = |c: &str| hermes::strip(c).is_empty();
@@ -157,6 +159,11 @@ impl ToolStream {
         self.text.push_str(released);
         let mut d = match self.tools.parser {
             ToolCallParser::Hermes => self.hermes.step(&self.text)?,
+            // Not reached: such a stream passes through (policy). Plain text if it were.
+            ToolCallParser::Llama3Json => StreamDelta {
+                content: (!released.is_empty()).then(|| released.to_string()),
+                calls: Vec::new(),
+            },
         };
         if last {
             // vLLM's `finalize_generation`: arguments parsed but not streamed.

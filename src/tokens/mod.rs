@@ -126,6 +126,25 @@ impl ModelTokenizer {
         }
     }
 
+    /// The text of `ids` with special tokens kept (Python's `tokenizer.decode(ids)`).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, false).unwrap_or_default()
+    }
+
+    /// The special tokens of the vocabulary (the added tokens marked special, as
+    /// transformers' `all_special_tokens` lists them), text and id.
+    pub fn special_tokens(&self) -> Vec<(String, u32)> {
+        let mut out: Vec<(String, u32)> = self
+            .tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (t.content, id))
+            .collect();
+        out.sort_by_key(|&(_, id)| id);
+        out
+    }
+
     /// Text of a single token, as vLLM shows it in logprobs.
     /// The id of a token of the vocabulary (added tokens included).
     pub fn token_id(&self, token: &str) -> Option<u32> {

@@ -73,11 +73,12 @@ pub fn sglang_upstream() -> String {
 }
 
 /// URL of a real vLLM serving the `agent` model (scripts/train_agent.py) in float32
-/// with `--reasoning-parser PARSER`: `SPECD_TEST_REASONING_UPSTREAM` (one server, for
-/// every parser a test asks for), else started by scripts/vllm-cpu-upstream.sh as its
-/// own named server `specd-agent-PARSER` (reused across test processes, ~100 s to start).
+/// with `--reasoning-parser PARSER`: `SPECD_TEST_REASONING_UPSTREAM` (a running server,
+/// for `deepseek_r1`), else started by scripts/vllm-cpu-upstream.sh as its own named
+/// server `specd-agent-PARSER` (reused across test processes, ~100 s to start).
 pub fn reasoning_upstream(parser: &str) -> String {
-    if let Ok(u) = std::env::var("SPECD_TEST_REASONING_UPSTREAM") {
+    let given = std::env::var("SPECD_TEST_REASONING_UPSTREAM").ok();
+    if let Some(u) = given.filter(|_| parser == "deepseek_r1") {
         return u;
     }
     named_upstream(

@@ -164,6 +164,7 @@ fn reasoning_fields_as_vllm_writes_them() {
         reasoning: "r".into(),
         content: String::new(),
         closed: false,
+        ..Split::default()
     };
     let chunk = to_value(&s.chunk("r", parsed(&split), None, None, false));
     assert_eq!(chunk["choices"][0]["delta"], json!({"reasoning": "r"}));
@@ -176,6 +177,9 @@ fn reasoning_fields_as_vllm_writes_them() {
     assert_eq!(last(&split), json!({"reasoning": ""}));
     split.closed = true;
     assert_eq!(last(&split), json!({"content": ""}));
+    // A grammar-engine parser whose last step added no delta: `{}`.
+    split.bare = true;
+    assert_eq!(last(&split), json!({}));
     let usage = to_value(&s.usage_chunk(&stats(), Some(2)));
     assert_eq!(
         usage["usage"]["completion_tokens_details"],
@@ -311,6 +315,10 @@ fn reasoning_with_tool_calls_as_vllm_writes_them() {
         to_value(&s.chunk("", parsed, None, Some(&stop), false))["choices"][0]["delta"].clone()
     };
     assert_eq!(last(&split), json!({"reasoning": ""}));
+    // A grammar-engine reasoning parser whose last step added no delta: `{}`.
+    split.bare = true;
+    assert_eq!(last(&split), json!({}));
+    split.bare = false;
     split.closed = true;
     assert_eq!(last(&split), json!({}));
 }

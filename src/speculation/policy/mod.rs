@@ -17,7 +17,7 @@ use super::controller::Controller;
 use super::reasoning::Reasoning;
 use super::request::{Endpoint, GenRequest, Intake};
 use super::tools::{Choice, Tools};
-use crate::config::{ReasoningParserArg, SpecMode, ToolCallParserArg};
+use crate::config::{ReasoningParserArg, SpecMode, ToolCallParser, ToolCallParserArg};
 use crate::metrics::labels::PassthroughReason as Reason;
 use crate::protocol::lax;
 use crate::tokens::ModelTokenizer;
@@ -104,7 +104,7 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
         Ok(t) => t,
         Err(reason) => return pass(reason, gen),
     };
-    if tools.is_some_and(|t| t.choice == Choice::Auto) {
+    if tools.is_some_and(|t| t.choice == Choice::Auto && t.parser == ToolCallParser::Hermes) {
         // vLLM's hermes parser keeps special tokens for tool calls (`adjust_request`).
         gen.skip_special_tokens = false;
     }
@@ -124,6 +124,16 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
             None => return pass(Reason::Parser, gen),
         },
     };
+    if reasoning
+        .as_ref()
+        .is_some_and(Reasoning::keeps_special_tokens)
+    {
+        // The grammar-engine parsers' `adjust_request`.
+        gen.skip_special_tokens = false;
+        if tokenizer.spaced_specials && spaced {
+            return pass(Reason::UnsupportedParam, gen);
+        }
+    }
     Route::Speculate(Box::new(Plan {
         gen,
         mode,
@@ -147,6 +157,10 @@ fn tools_for(c: &Conditions<'_>, chat: bool, gen: &GenRequest) -> Result<Option<
         (None, None) => Ok(None),
         (None, Some(_)) => Err(Reason::Tools),
         (Some(ToolCallParserArg::Unimplemented(_)), _) => Err(Reason::Parser),
+        // A parser whose streamed calls specd does not reproduce: its streams pass.
+        (Some(ToolCallParserArg::Known(p)), Some(Choice::Auto)) if gen.stream && !p.streams() => {
+            Err(Reason::Parser)
+        }
         (Some(ToolCallParserArg::Known(parser)), choice) => Ok(Some(Tools {
             parser: *parser,
             choice: choice.unwrap_or(Choice::None),
@@ -159,7 +173,7 @@ fn tools_for(c: &Conditions<'_>, chat: bool, gen: &GenRequest) -> Result<Option<
 /// hidden by the request, which vLLM then drops from stream metadata too).
 fn reasoning_for(
     arg: &ReasoningParserArg,
-    tokenizer: &ModelTokenizer,
+    tokenizer: &Arc<ModelTokenizer>,
     gen: &GenRequest,
 ) -> Option<Reasoning> {
     let ReasoningParserArg::Known(parser) = arg else {
@@ -172,5 +186,5 @@ fn reasoning_for(
     if !shown {
         return None;
     }
-    Reasoning::resolve(*parser, tokenizer)
+    Reasoning::resolve(*parser, tokenizer, gen.body.get("chat_template_kwargs"))
 }

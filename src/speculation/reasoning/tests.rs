@@ -12,7 +12,8 @@ fn r1() -> Reasoning {
 }
 
 fn full(text: &str) -> (String, Option<String>) {
-    r1().split_full(text)
+    let (r, c) = r1().split_full(text);
+    (r.expect("deepseek_r1 always writes reasoning"), c)
 }
 
 /// Feed `(id, text)` steps; the concatenated reasoning and content.
@@ -21,7 +22,7 @@ fn stream(prompt: &[u32], steps: &[(u32, &str)]) -> Split {
     let mut out = Split::default();
     for &(id, text) in steps {
         let mut piece = Split::default();
-        s.step(id, text, &mut piece);
+        s.step(id, text, false, &mut piece);
         out.append(piece);
     }
     out
@@ -115,10 +116,10 @@ fn reasoning_tokens_count_inside_markers_only() {
     let r = r1();
     // The template opens the block in the prompt: the output has no start, counts 0
     // (measured: reasoning_tokens 0 for such answers).
-    assert_eq!(r.reasoning_tokens([1, 2, END, 3]), 0);
-    assert_eq!(r.reasoning_tokens([START, 1, 2, END, 3]), 2);
+    assert_eq!(r.reasoning_tokens(&[1, 2, END, 3]), 0);
+    assert_eq!(r.reasoning_tokens(&[START, 1, 2, END, 3]), 2);
     assert_eq!(
-        r.reasoning_tokens([END, START, 1, START, 2, END, 3, END, 4]),
+        r.reasoning_tokens(&[END, START, 1, START, 2, END, 3, END, 4]),
         3
     );
 }
@@ -128,7 +129,28 @@ fn held_text_goes_where_the_stream_stands() {
     let mut s = r1().stream(&[]);
     let mut out = Split::default();
     s.held("a", &mut out);
-    s.step(END, "</think>", &mut out);
+    s.step(END, "</think>", false, &mut out);
     s.held("b", &mut out);
     assert_eq!((out.reasoning.as_str(), out.content.as_str()), ("a", "b"));
+}
+
+#[test]
+fn chat_template_kwargs_switch_thinking_as_each_parser_reads_them() {
+    use serde_json::json;
+    let on = |p, v: serde_json::Value| super::thinking(p, Some(&v));
+    let (q, k) = (ReasoningParser::Qwen3, ReasoningParser::KimiK2);
+    assert_eq!(super::thinking(q, None), Some(true));
+    assert_eq!(on(q, json!({})), Some(true));
+    assert_eq!(on(q, json!({"enable_thinking": false})), Some(false));
+    assert_eq!(on(q, json!({"thinking": false})), Some(true));
+    // kimi_k2: on unless a switch is given, then on if either is true.
+    assert_eq!(on(k, json!({"thinking": false})), Some(false));
+    assert_eq!(on(k, json!({"enable_thinking": false})), Some(false));
+    assert_eq!(
+        on(k, json!({"thinking": false, "enable_thinking": true})),
+        Some(true)
+    );
+    // Shapes specd does not read: the chat passes through.
+    assert_eq!(on(q, json!({"enable_thinking": "no"})), None);
+    assert_eq!(on(k, json!([1])), None);
 }

@@ -43,6 +43,19 @@ pub fn loads(text: &str) -> Option<PyValue> {
     (p.i == p.s.len()).then_some(v)
 }
 
+/// `json.JSONDecoder().raw_decode(text)`: the value at the very start of `text` and the
+/// byte offset where it ends; `None` where Python raises.
+pub fn raw_decode(text: &str) -> Option<(PyValue, usize)> {
+    let mut p = Parser {
+        s: text.as_bytes(),
+        text,
+        i: 0,
+        depth: 0,
+    };
+    let v = p.value()?;
+    Some((v, p.i))
+}
+
 /// `json.dumps(v, ensure_ascii=False)`.
 pub fn dumps(v: &PyValue) -> String {
     let mut out = String::new();
