@@ -175,7 +175,9 @@ async fn a_hub_id_start_verifies_the_tiktoken_tokenizer_without_flags() {
 #[tokio::test]
 async fn a_tokenizer_that_splits_differently_is_refused_in_one_line() {
     // The same ranks without the class: Kimi-K2's pattern, which splits digits in threes
-    // where the served class keeps them whole.
+    // where the served class keeps them whole. The upstream's start makes the model's
+    // files on a fresh machine, so it comes first.
+    tiktoken_upstream();
     let dir = std::env::temp_dir().join(format!("specd-tiktoken-mismatch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("mkdir");
