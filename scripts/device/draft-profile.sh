@@ -9,14 +9,14 @@
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 MODEL="$1"
-BIN_GZ="${2:-$HERE/draft_bench.gz}"
+BIN_GZ="${2:-$HERE/specd-bench.gz}"
 STEPS="${STEPS:-24}"
 OUT="${OUT:-/tmp/specd-draft-profile}"
 W=/tmp/specd-draft-work
 mkdir -p "$W" "$OUT"
 CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
 export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-[ -x "$W/draft_bench" ] || { gunzip -c "$BIN_GZ" >"$W/draft_bench" && chmod +x "$W/draft_bench"; } || exit 1
+[ -x "$W/specd-bench" ] || { gunzip -c "$BIN_GZ" >"$W/specd-bench" && chmod +x "$W/specd-bench"; } || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
 
@@ -26,7 +26,7 @@ csv="$OUT/kernels-$tag.csv"
 # shellcheck disable=SC2086
 env ${VARIANT:-} "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
   --print-units base --log-file "$csv" \
-  "$W/draft_bench" --model "$MODEL" --device cuda:0 --batch 1 --prompt-len 16 \
+  "$W/specd-bench" draft --model "$MODEL" --device cuda:0 --batch 1 --prompt-len 16 \
   --new-tokens "$STEPS" --repeat 1 >/dev/null 2>"$OUT/ncu-$tag.err"
 echo "ncu exit $? ($(wc -l <"$csv") lines)"
 python3 - "$csv" "$STEPS" <<'EOF'

@@ -72,9 +72,20 @@ __device__ float block_sum(float v, float* red) {
     return warp_sum(t);
 }
 
+// Programmatic dependent launch (PDL): with it, a kernel's blocks may start while the
+// kernel before it is still running, so each kernel first waits for its predecessor's
+// writes, then lets the next one be scheduled.
+__device__ __forceinline__ void pdl_enter() {
+#if PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // x[t] = embedding[ids[t]]
 extern "C" __global__ void embed(const int* __restrict__ ids, const u16* __restrict__ table,
                                  u16* __restrict__ x) {
+    pdl_enter();
     int t = blockIdx.x;
     const uint4* src = (const uint4*)(table + (size_t)ids[t] * HIDDEN);
     uint4* dst = (uint4*)(x + (size_t)t * HIDDEN);
@@ -85,6 +96,7 @@ extern "C" __global__ void embed(const int* __restrict__ ids, const u16* __restr
 // (normalize in f32, round, multiply by the weight, round).
 extern "C" __global__ void rmsnorm(const u16* __restrict__ x, const u16* __restrict__ w,
                                    u16* __restrict__ out, const int* __restrict__ rows) {
+    pdl_enter();
     __shared__ float red[32];
     int r = blockIdx.x;
     int src = rows ? rows[r] : r;
@@ -112,6 +124,7 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
                                     const int* __restrict__ pos, const int* __restrict__ slot,
                                     u16* __restrict__ q_out, u16* __restrict__ kc,
                                     u16* __restrict__ vc) {
+    pdl_enter();
     int t = blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int p = pos[t];
@@ -189,6 +202,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
      const int* __restrict__ pos, const int* __restrict__ slot, u16* __restrict__ out,
      float* part_o, float* part_ml, unsigned int* counters, float scale) {
+    pdl_enter();
     __shared__ float qs[GROUP][HD];
     __shared__ float ps[GROUP][ATT_THREADS];
     __shared__ float alpha_s[GROUP], m_s[GROUP], l_s[GROUP];
@@ -332,6 +346,7 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
 __device__ __forceinline__ float silu_mul1(float g, float u) { return rnd(rnd(g / (1.f + __expf(-g))) * u); }
 
 extern "C" __global__ void silu_mul(const u16* __restrict__ gu, u16* __restrict__ act, int n) {
+    pdl_enter();
     size_t total = (size_t)n * INTER;
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < total;
          k += (size_t)gridDim.x * blockDim.x) {
@@ -348,6 +363,7 @@ template <int MODE, int WPR, int OUT_F32>
 __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* __restrict__ x,
                                           const u16* __restrict__ nw, void* __restrict__ y,
                                           int O, int K, int accumulate) {
+    pdl_enter();
     extern __shared__ float4 xs4[];
     float* xs = (float*)xs4;
     __shared__ float red[32];
@@ -422,6 +438,7 @@ GEMV_ALL(2)
 #define AM_THREADS 256
 extern "C" __global__ void __launch_bounds__(AM_THREADS)
 argmax_part(const float* __restrict__ logits, int V, float* __restrict__ part) {
+    pdl_enter();
     __shared__ float sv[AM_THREADS / 32];
     __shared__ int si[AM_THREADS / 32];
     __shared__ float red[32];
@@ -459,6 +476,7 @@ argmax_part(const float* __restrict__ logits, int V, float* __restrict__ part) {
 
 extern "C" __global__ void argmax_final(const float* __restrict__ part, int nb,
                                         int* __restrict__ tok, float* __restrict__ prob) {
+    pdl_enter();
     int r = blockIdx.x, lane = threadIdx.x;
     const float* p = part + (size_t)r * nb * 3;
     float best = NEG_INF;

@@ -2,13 +2,54 @@
 
 use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
-use cudarc::driver::{result, sys, CudaGraph, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
 use super::{derr, splits_for, CudaEngine, Input, ARGMAX_BLOCKS, BUCKETS, GEMV_MAX_K};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
 impl CudaEngine {
+    /// Launch `f` on the engine's stream, as a programmatic dependent launch when the
+    /// engine uses them.
+    ///
+    /// # Safety
+    /// `params` must hold one pointer per kernel parameter, each to a value of that
+    /// parameter's type, and every device address among them must be valid for the kernel.
+    pub(super) unsafe fn launch_raw(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), DraftError> {
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: self.pdl as u32,
+        };
+        // SAFETY: the caller vouches for the parameters; cfg and attr outlive the call.
+        unsafe {
+            sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+        }
+        .result()
+        .map_err(derr)
+    }
+
     fn fused_gemv(&self, n: usize, k: usize) -> bool {
         self.fused && n == 1 && k <= GEMV_MAX_K
     }
@@ -43,17 +84,17 @@ impl CudaEngine {
             // Row groups beyond a few blocks per multiprocessor are strided in-kernel, so
             // each block stages its input once for several rows.
             let grid = (o.div_ceil(8 / wpr).min(8 * self.sms) as u32, 1, 1);
-            return launch!(st, f, grid, 256, (k * 4) as u32; w, x, nw, y, o as i32, k as i32, accumulate as i32);
+            return launch!(self, f, grid, 256, (k * 4) as u32; w, x, nw, y, o as i32, k as i32, accumulate as i32);
         }
         let x = match input {
             Input::Plain => x,
             Input::Norm(nw) => {
-                launch!(st, &self.k.rmsnorm, (n as u32, 1, 1), 256; x, nw, self.a.h.p, 0u64)?;
+                launch!(self, &self.k.rmsnorm, (n as u32, 1, 1), 256; x, nw, self.a.h.p, 0u64)?;
                 self.a.h.p
             }
             Input::SiluMul => {
                 let blocks = (n * k).div_ceil(256).min(8 * self.sms) as u32;
-                launch!(st, &self.k.silu_mul, (blocks, 1, 1), 256; x, self.a.act.p, n as i32)?;
+                launch!(self, &self.k.silu_mul, (blocks, 1, 1), 256; x, self.a.act.p, n as i32)?;
                 self.a.act.p
             }
         };
@@ -123,7 +164,7 @@ impl CudaEngine {
         let a = &self.a;
         let st = &self.stream;
         let ntu = nt as u32;
-        launch!(st, &self.k.embed, (ntu, 1, 1), 128; a.ids.p, self.embed, a.x.p)?;
+        launch!(self, &self.k.embed, (ntu, 1, 1), 128; a.ids.p, self.embed, a.x.p)?;
         let scale = 1f32 / (d as f32).sqrt();
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
@@ -142,9 +183,9 @@ impl CudaEngine {
                 false,
             )?;
             let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
-            launch!(st, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
+            launch!(self, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
                 a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos.p, a.slot.p, a.q.p, kc, vc)?;
-            launch!(st, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
+            launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
                 a.q.p, kc, vc, a.pos.p, a.slot.p, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale)?;
             self.proj(
                 l.o,
@@ -196,7 +237,7 @@ impl CudaEngine {
                 true,
             )?;
         } else {
-            launch!(st, &self.k.rmsnorm, (nr as u32, 1, 1), 256; a.x.p, self.norm, a.xs.p, a.rows.p)?;
+            launch!(self, &self.k.rmsnorm, (nr as u32, 1, 1), 256; a.x.p, self.norm, a.xs.p, a.rows.p)?;
             self.gemm(
                 self.lm_head,
                 a.xs.p,
@@ -208,8 +249,8 @@ impl CudaEngine {
                 true,
             )?;
         }
-        launch!(st, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, c.vocab_size as i32, a.am_part.p)?;
-        launch!(st, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, a.tok.p, a.prob.p)
+        launch!(self, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, c.vocab_size as i32, a.am_part.p)?;
+        launch!(self, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, a.tok.p, a.prob.p)
     }
 
     fn upload_inputs(&mut self, n: usize, nr: usize) -> Result<(), DraftError> {
