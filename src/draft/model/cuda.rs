@@ -227,6 +227,8 @@ impl CudaEngine {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(derr)?;
         let (maj, min) = ctx.compute_capability().map_err(derr)?;
+        // Programmatic dependent launch needs sm_90 (Hopper) or newer.
+        let pdl = maj >= 9 && std::env::var("SPECD_DRAFT_PDL").map_or(true, |v| v != "0");
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(derr)?
@@ -397,8 +399,6 @@ impl CudaEngine {
             return Err(derr(st));
         }
         let fused = std::env::var("SPECD_DRAFT_FUSED").is_ok_and(|v| v == "1");
-        // Programmatic dependent launch needs sm_90 (Hopper) or newer.
-        let pdl = maj >= 9 && std::env::var("SPECD_DRAFT_PDL").map_or(true, |v| v != "0");
         stream.synchronize().map_err(derr)?;
         Ok(Self {
             stream,

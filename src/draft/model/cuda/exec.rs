@@ -44,7 +44,12 @@ impl CudaEngine {
         };
         // SAFETY: the caller vouches for the parameters; cfg and attr outlive the call.
         unsafe {
-            sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
         }
         .result()
         .map_err(derr)
@@ -68,7 +73,6 @@ impl CudaEngine {
         accumulate: bool,
         out_f32: bool,
     ) -> Result<(), DraftError> {
-        let st = &self.stream;
         if self.fused_gemv(n, k) {
             // Enough blocks to cover the GPU: small outputs split each row over warps.
             let wpr = [1usize, 2, 4, 8]
@@ -162,7 +166,6 @@ impl CudaEngine {
             c.intermediate_size,
         );
         let a = &self.a;
-        let st = &self.stream;
         let ntu = nt as u32;
         launch!(self, &self.k.embed, (ntu, 1, 1), 128; a.ids.p, self.embed, a.x.p)?;
         let scale = 1f32 / (d as f32).sqrt();
@@ -254,11 +257,10 @@ impl CudaEngine {
     }
 
     fn upload_inputs(&mut self, n: usize, nr: usize) -> Result<(), DraftError> {
-        let st = &self.stream;
         let copy = |src: &[i32], dst: u64| -> Result<(), DraftError> {
             // SAFETY: dst is an engine-owned buffer of at least max_tokens i32 and
             // src.len() <= max_tokens (checked by the caller).
-            unsafe { result::memcpy_htod_async(dst, src, st.cu_stream()) }.map_err(derr)
+            unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(derr)
         };
         copy(&self.h_ids[..n], self.a.ids.p)?;
         copy(&self.h_pos[..n], self.a.pos.p)?;
