@@ -94,8 +94,8 @@ struct Kernels {
     qkv_post: CudaFunction,
     attn: CudaFunction,
     silu_mul: CudaFunction,
-    /// gemv[mode][log2 warps per row][f32 output]
-    gemv: Vec<Vec<[CudaFunction; 2]>>,
+    /// gemv[mode][log2 warps per row][output: model dtype, f32, gate/up pair]
+    gemv: Vec<Vec<[CudaFunction; 3]>>,
     argmax_part: CudaFunction,
     argmax_final: CudaFunction,
 }
@@ -277,6 +277,7 @@ impl CudaEngine {
                             Ok([
                                 f(&format!("gemv_m{m}_w{w}"))?,
                                 f(&format!("gemv_m{m}_w{w}_f32"))?,
+                                f(&format!("gemv_m{m}_w{w}_pair"))?,
                             ])
                         })
                         .collect::<Result<Vec<_>, DraftError>>()

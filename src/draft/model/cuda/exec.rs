@@ -59,6 +59,37 @@ impl CudaEngine {
         self.fused && n == 1 && k <= GEMV_MAX_K
     }
 
+    /// One-row GEMV kernel: `out` 0 the model dtype, 1 f32, 2 silu(gate) · up of the row
+    /// pairs (o, O + o), `o` outputs either way.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        o: usize,
+        k: usize,
+        input: Input,
+        accumulate: bool,
+        out: usize,
+    ) -> Result<(), DraftError> {
+        // Enough blocks to cover the GPU: small outputs split each row over warps.
+        let wpr = [1usize, 2, 4, 8]
+            .into_iter()
+            .find(|w| o * w / 8 >= 264)
+            .unwrap_or(8);
+        let (mode, nw) = match input {
+            Input::Plain => (0, 0u64),
+            Input::Norm(nw) => (1, nw),
+            Input::SiluMul => (2, 0),
+        };
+        let f = &self.k.gemv[mode][wpr.trailing_zeros() as usize][out];
+        // Row groups beyond a few blocks per multiprocessor are strided in-kernel, so
+        // each block stages its input once for several rows.
+        let grid = (o.div_ceil(8 / wpr).min(8 * self.sms) as u32, 1, 1);
+        launch!(self, f, grid, 256, (k * 4) as u32; w, x, nw, y, o as i32, k as i32, accumulate as i32)
+    }
+
     /// y[n, o] (+)= in(x)[n, k] · W[o, k]ᵀ, where `in` is `input` applied to x.
     #[allow(clippy::too_many_arguments)]
     fn proj(
@@ -74,21 +105,7 @@ impl CudaEngine {
         out_f32: bool,
     ) -> Result<(), DraftError> {
         if self.fused_gemv(n, k) {
-            // Enough blocks to cover the GPU: small outputs split each row over warps.
-            let wpr = [1usize, 2, 4, 8]
-                .into_iter()
-                .find(|w| o * w / 8 >= 264)
-                .unwrap_or(8);
-            let (mode, nw) = match input {
-                Input::Plain => (0, 0u64),
-                Input::Norm(nw) => (1, nw),
-                Input::SiluMul => (2, 0),
-            };
-            let f = &self.k.gemv[mode][wpr.trailing_zeros() as usize][out_f32 as usize];
-            // Row groups beyond a few blocks per multiprocessor are strided in-kernel, so
-            // each block stages its input once for several rows.
-            let grid = (o.div_ceil(8 / wpr).min(8 * self.sms) as u32, 1, 1);
-            return launch!(self, f, grid, 256, (k * 4) as u32; w, x, nw, y, o as i32, k as i32, accumulate as i32);
+            return self.gemv(w, x, y, o, k, input, accumulate, out_f32 as usize);
         }
         let x = match input {
             Input::Plain => x,
@@ -201,28 +218,54 @@ impl CudaEngine {
                 true,
                 false,
             )?;
-            self.proj(
-                l.gate_up,
-                a.x.p,
-                a.gu.p,
-                2 * inter,
-                h,
-                nt,
-                Input::Norm(l.ln2),
-                false,
-                false,
-            )?;
-            self.proj(
-                l.down,
-                a.gu.p,
-                a.x.p,
-                h,
-                inter,
-                nt,
-                Input::SiluMul,
-                true,
-                false,
-            )?;
+            if self.fused_gemv(nt, h) {
+                // The gate/up GEMV writes the activation itself: no gate/up buffer, and
+                // no block of the down projection recomputes silu over its whole input.
+                self.gemv(
+                    l.gate_up,
+                    a.x.p,
+                    a.act.p,
+                    inter,
+                    h,
+                    Input::Norm(l.ln2),
+                    false,
+                    2,
+                )?;
+                self.proj(
+                    l.down,
+                    a.act.p,
+                    a.x.p,
+                    h,
+                    inter,
+                    nt,
+                    Input::Plain,
+                    true,
+                    false,
+                )?;
+            } else {
+                self.proj(
+                    l.gate_up,
+                    a.x.p,
+                    a.gu.p,
+                    2 * inter,
+                    h,
+                    nt,
+                    Input::Norm(l.ln2),
+                    false,
+                    false,
+                )?;
+                self.proj(
+                    l.down,
+                    a.gu.p,
+                    a.x.p,
+                    h,
+                    inter,
+                    nt,
+                    Input::SiluMul,
+                    true,
+                    false,
+                )?;
+            }
         }
         // Final norm of the sampled rows, then the output projection.
         if self.fused_gemv(nr, h) {
