@@ -55,10 +55,6 @@ pub struct BenchArgs {
     /// where speculation is not paying.
     #[arg(long)]
     pub with_watched: bool,
-    /// A flag for every specd this bench starts (repeat it; e.g.
-    /// `--specd-arg=--draft-model --specd-arg=DIR` for the `model` drafter).
-    #[arg(long = "specd-arg", allow_hyphen_values = true)]
-    pub specd_args: Vec<String>,
     #[command(flatten)]
     pub cost: SimConfig,
 }
@@ -437,7 +433,6 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         // One specd per mode: each learns only from its own traffic, and draft stores never
         // hold another mode's output for the same prompt.
         let mut extra = vec!["--enable-test-drafters".to_string()];
-        extra.extend(a.specd_args.iter().cloned());
         if a.upstream.is_none() {
             extra.extend(["--tokenizer".into(), tokenizer.display().to_string()]);
         }
