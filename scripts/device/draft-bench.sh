@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Check and time specd's CUDA draft-model engine on a GPU machine (measured on an NVIDIA
 # H200 with this script). Needs: python3 with torch + transformers, the NVIDIA CUDA 13
-# wheels (nvidia/cu13/lib) in that Python, and a gzipped draft_bench binary built by
-#   scripts/build-cuda.sh --bench-bin draft_bench
+# wheels (nvidia/cu13/lib) in that Python, and a gzipped specd-bench binary built by
+#   scripts/build-cuda.sh --bench-bin specd-bench
 #
-# Usage: draft-bench.sh [BIN.gz]      (default: draft_bench.gz beside this script)
+# Usage: draft-bench.sh [BIN.gz]      (default: specd-bench.gz beside this script)
 # Env:   ANCHOR=none|graph|compile    also run the plain-PyTorch anchor (torch_decode_anchor.py
 #                                     beside this script) in that mode (default graph)
 #        SHAPES="qwen2.5-0.5b qwen2.5-1.5b"   BATCH=1,8,32   OUT=dir for logs
-#        VARIANTS=0                   skip the variant runs (fused batch-1 GEMVs, no graphs)
+#        VARIANTS=0                   skip the variant runs (fused batch-1 GEMVs, PDL off, no graphs)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REF="$HERE/draft_model_reference.py"
 [ -f "$REF" ] || REF="$HERE/../draft_model_reference.py"
-BIN_GZ="${1:-$HERE/draft_bench.gz}"
+BIN_GZ="${1:-$HERE/specd-bench.gz}"
 OUT="${OUT:-/tmp/specd-draft-bench}"
 SHAPES="${SHAPES:-qwen2.5-0.5b qwen2.5-1.5b}"
 BATCH="${BATCH:-1,8,32}"
@@ -24,7 +24,7 @@ export PYTHONUNBUFFERED=1
 
 CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
 export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-gunzip -c "$BIN_GZ" >"$W/draft_bench" && chmod +x "$W/draft_bench" || exit 1
+gunzip -c "$BIN_GZ" >"$W/specd-bench" && chmod +x "$W/specd-bench" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 
 echo "== models (random init) and transformers references"
@@ -44,17 +44,19 @@ EOF
 run() { echo "\$ $*"; "$@" 2>&1; }
 echo "== correctness of the CUDA engine (bf16) against transformers"
 for m in llama qwen2 qwen3; do
-  run "$W/draft_bench" --model "$W/tiny/$m" --device cuda:0 --reference "$W/tiny/$m.ref.safetensors" --batch 1 --new-tokens 8 --repeat 1
+  run "$W/specd-bench" draft --model "$W/tiny/$m" --device cuda:0 --reference "$W/tiny/$m.ref.safetensors" --batch 1 --new-tokens 8 --repeat 1
 done
 echo "== speed"
 for s in $SHAPES; do
-  run "$W/draft_bench" --model "$W/$s" --device cuda:0 --reference "$W/$s.ref.safetensors" --batch "$BATCH" --json | tee -a "$OUT/bench.txt"
+  run "$W/specd-bench" draft --model "$W/$s" --device cuda:0 --reference "$W/$s.ref.safetensors" --batch "$BATCH" --json | tee -a "$OUT/bench.txt"
 done
 first="${SHAPES%% *}"
 [ "${VARIANTS:-1}" = 1 ] || exit 0
-echo "== variants on $first: fused GEMV kernels at batch 1; no CUDA graphs"
-SPECD_DRAFT_FUSED=1 run "$W/draft_bench" --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
-run "$W/draft_bench" --model "$W/$first" --device cuda:0 --batch 1,32 --no-graphs --repeat 3 | tee -a "$OUT/bench.txt"
+echo "== variants on $first: fused GEMV kernels at batch 1; without programmatic dependent launch; no CUDA graphs"
+SPECD_DRAFT_FUSED=1 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
+SPECD_DRAFT_PDL=0 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
+SPECD_DRAFT_FUSED=1 SPECD_DRAFT_PDL=0 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch 1 | tee -a "$OUT/bench.txt"
+run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch 1,32 --no-graphs --repeat 3 | tee -a "$OUT/bench.txt"
 
 if [ "$ANCHOR" != none ] && [ -f "$HERE/torch_decode_anchor.py" ]; then
   echo "== PyTorch anchor ($ANCHOR)"

@@ -251,15 +251,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-pub fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(bench(args))
-}
-
-async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let opts = DrafterOptions {
         max_streams: Some(max_batch.max(8)),

@@ -21,6 +21,9 @@ enum Cmd {
     /// Tokens per round of draft models with the target's vocabulary and another one,
     /// against a target model run here (greedy).
     Xvocab(specd_bench::xvocab::XvocabArgs),
+    /// Check the draft model against a reference and time its decode steps (built with
+    /// `--features cuda`, on a GPU too).
+    Draft(specd_bench::draft_model::BenchArgs),
 }
 
 #[tokio::main]
@@ -35,5 +38,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Scenarios(args) => specd_bench::scenarios::run(args).await,
         Cmd::Suffix(args) => specd_bench::suffix::run(args),
         Cmd::Xvocab(args) => specd_bench::xvocab::run(args).await,
+        Cmd::Draft(args) => specd_bench::draft_model::bench(args).await,
     }
 }

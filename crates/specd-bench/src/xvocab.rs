@@ -40,6 +40,12 @@ pub struct XvocabArgs {
     /// the target's: what the translation itself costs.
     #[arg(long)]
     pub force_translation: bool,
+    /// Device the drafts run on (cpu, cuda, cuda:N); the target runs on the CPU.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// The drafts' dtype (default: the device's, bf16 on CUDA).
+    #[arg(long)]
+    pub dtype: Option<String>,
 }
 
 struct Row {
@@ -48,6 +54,8 @@ struct Row {
     rounds: u64,
     emitted: u64,
     micros_per_round: f64,
+    /// Wall time of `propose` per drafted token, translation included.
+    draft_ms_per_token: f64,
 }
 
 pub async fn run(a: XvocabArgs) -> anyhow::Result<()> {
@@ -96,9 +104,12 @@ pub async fn run(a: XvocabArgs) -> anyhow::Result<()> {
             force_translation: *force,
             ..DrafterOptions::default()
         };
-        let d = ModelDrafter::load_with(dir, DraftDevice::Cpu, None, opts)?;
+        let device: DraftDevice = a.device.parse()?;
+        let dtype = a.dtype.as_deref().map(str::parse).transpose()?;
+        let d = ModelDrafter::load_with(dir, device, dtype, opts)?;
         let mode = d.bind_target(&tok, Some(&metrics))?;
-        let (mut rounds, mut emitted) = (0u64, 0u64);
+        let (mut rounds, mut emitted, mut drafted) = (0u64, 0u64, 0u64);
+        let mut drafting = std::time::Duration::ZERO;
         for (i, (p, truth)) in prompts.iter().zip(&truths).enumerate() {
             let mut pos = 0;
             while pos < truth.len() {
@@ -111,7 +122,10 @@ pub async fn run(a: XvocabArgs) -> anyhow::Result<()> {
                     prompt_len: p.len(),
                     max_k: k,
                 };
+                let t = std::time::Instant::now();
                 let prop = d.propose(req).await?;
+                drafting += t.elapsed();
+                drafted += prop.tokens.len() as u64;
                 let acc = prop
                     .tokens
                     .iter()
@@ -139,6 +153,7 @@ pub async fn run(a: XvocabArgs) -> anyhow::Result<()> {
             rounds,
             emitted,
             micros_per_round: 1e6 * sum / rounds.max(1) as f64,
+            draft_ms_per_token: 1e3 * drafting.as_secs_f64() / drafted.max(1) as f64,
         });
     }
     println!(
@@ -147,8 +162,11 @@ pub async fn run(a: XvocabArgs) -> anyhow::Result<()> {
         prompts.len(),
         a.tokens
     );
-    println!("| draft | vocabulary | rounds | tokens/round | vs first | translation µs/round |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| draft | vocabulary | rounds | tokens/round | vs first | translation µs/round | draft ms/token ({}) |",
+        a.device
+    );
+    println!("|---|---|---|---|---|---|---|");
     let base = rows
         .first()
         .map(|r| r.emitted as f64 / r.rounds.max(1) as f64)
@@ -156,7 +174,7 @@ pub async fn run(a: XvocabArgs) -> anyhow::Result<()> {
     for r in &rows {
         let tpr = r.emitted as f64 / r.rounds.max(1) as f64;
         println!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.1} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.1} | {:.3} |",
             r.draft,
             match r.mode {
                 VocabMode::Same => "same (ids)",
@@ -165,7 +183,8 @@ pub async fn run(a: XvocabArgs) -> anyhow::Result<()> {
             r.rounds,
             tpr,
             tpr / base,
-            r.micros_per_round
+            r.micros_per_round,
+            r.draft_ms_per_token
         );
     }
     Ok(())

@@ -94,8 +94,8 @@ struct Kernels {
     qkv_post: CudaFunction,
     attn: CudaFunction,
     silu_mul: CudaFunction,
-    /// gemv[mode][log2 warps per row][f32 output]
-    gemv: Vec<Vec<[CudaFunction; 2]>>,
+    /// gemv[mode][log2 warps per row][output: model dtype, f32, gate/up pair]
+    gemv: Vec<Vec<[CudaFunction; 3]>>,
     argmax_part: CudaFunction,
     argmax_final: CudaFunction,
 }
@@ -167,6 +167,9 @@ pub struct CudaEngine {
     max_tokens: usize,
     max_rows: usize,
     fused: bool,
+    /// Launch with programmatic dependent launch: a kernel's blocks are scheduled while
+    /// the one before it finishes, and wait for it on the device (`pdl_enter`).
+    pdl: bool,
     /// Multiprocessors of the device, to size grids.
     sms: usize,
     use_graphs: bool,
@@ -185,19 +188,18 @@ fn splits_for(rows: usize, kv_heads: usize, sms: usize) -> usize {
 }
 
 macro_rules! launch {
-    ($st:expr, $f:expr, $grid:expr, $block:expr; $($arg:expr),* $(,)?) => {
-        launch!($st, $f, $grid, $block, 0; $($arg),*)
+    ($e:expr, $f:expr, $grid:expr, $block:expr; $($arg:expr),* $(,)?) => {
+        launch!($e, $f, $grid, $block, 0; $($arg),*)
     };
-    ($st:expr, $f:expr, $grid:expr, $block:expr, $smem:expr; $($arg:expr),* $(,)?) => {{
-        let __cfg = LaunchConfig { grid_dim: $grid, block_dim: ($block, 1, 1), shared_mem_bytes: $smem };
-        let mut __b = $st.launch_builder($f);
-        $( let __arg = $arg; __b.arg(&__arg); )*
-        // SAFETY: the kernels' signatures match these arguments, and every address points
+    ($e:expr, $f:expr, $grid:expr, $block:expr, $smem:expr; $($arg:expr),* $(,)?) => {{
+        let mut __params: Vec<*mut std::ffi::c_void> = Vec::new();
+        $( let __arg = $arg; __params.push(&__arg as *const _ as *mut std::ffi::c_void); )*
+        // SAFETY: the kernels' signatures match these arguments (each pointer addresses
+        // one of them, alive until the launch returns), and every address passed points
         // into an allocation owned by the engine, sized for the largest step.
-        unsafe { __b.launch(__cfg) }.map(|_| ()).map_err(derr)
+        unsafe { $e.launch_raw($f, $grid, $block, $smem, &mut __params) }
     }};
 }
-
 mod exec;
 
 impl CudaEngine {
@@ -225,6 +227,8 @@ impl CudaEngine {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(derr)?;
         let (maj, min) = ctx.compute_capability().map_err(derr)?;
+        // Programmatic dependent launch needs sm_90 (Hopper) or newer.
+        let pdl = maj >= 9 && std::env::var("SPECD_DRAFT_PDL").map_or(true, |v| v != "0");
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(derr)?
@@ -239,12 +243,14 @@ impl CudaEngine {
         }
         let defs = format!(
             "#define HIDDEN {h}\n#define NH {nh}\n#define NKV {nkv}\n#define HD {d}\n#define GROUP {}\n\
-             #define INTER {inter}\n#define MAX_LEN {}\n#define EPS {:e}f\n#define QK_NORM {}\n#define DT_BF16 {}\n",
+             #define INTER {inter}\n#define MAX_LEN {}\n#define EPS {:e}f\n#define QK_NORM {}\n#define DT_BF16 {}\n\
+             #define PDL {}\n",
             nh / nkv,
             l.max_len,
             c.rms_norm_eps,
             c.qk_norm as i32,
             (l.dtype == DType::BF16) as i32,
+            pdl as i32,
         );
         let opts = cudarc::nvrtc::CompileOptions {
             options: vec![
@@ -271,6 +277,7 @@ impl CudaEngine {
                             Ok([
                                 f(&format!("gemv_m{m}_w{w}"))?,
                                 f(&format!("gemv_m{m}_w{w}_f32"))?,
+                                f(&format!("gemv_m{m}_w{w}_pair"))?,
                             ])
                         })
                         .collect::<Result<Vec<_>, DraftError>>()
@@ -419,6 +426,7 @@ impl CudaEngine {
             max_tokens,
             max_rows: max_rows_padded,
             fused,
+            pdl,
             sms,
             use_graphs: l.graphs,
             graphs: HashMap::new(),

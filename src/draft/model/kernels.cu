@@ -72,9 +72,20 @@ __device__ float block_sum(float v, float* red) {
     return warp_sum(t);
 }
 
+// Programmatic dependent launch (PDL): with it, a kernel's blocks may start while the
+// kernel before it is still running, so each kernel first waits for its predecessor's
+// writes, then lets the next one be scheduled.
+__device__ __forceinline__ void pdl_enter() {
+#if PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // x[t] = embedding[ids[t]]
 extern "C" __global__ void embed(const int* __restrict__ ids, const u16* __restrict__ table,
                                  u16* __restrict__ x) {
+    pdl_enter();
     int t = blockIdx.x;
     const uint4* src = (const uint4*)(table + (size_t)ids[t] * HIDDEN);
     uint4* dst = (uint4*)(x + (size_t)t * HIDDEN);
@@ -85,6 +96,7 @@ extern "C" __global__ void embed(const int* __restrict__ ids, const u16* __restr
 // (normalize in f32, round, multiply by the weight, round).
 extern "C" __global__ void rmsnorm(const u16* __restrict__ x, const u16* __restrict__ w,
                                    u16* __restrict__ out, const int* __restrict__ rows) {
+    pdl_enter();
     __shared__ float red[32];
     int r = blockIdx.x;
     int src = rows ? rows[r] : r;
@@ -112,6 +124,7 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
                                     const int* __restrict__ pos, const int* __restrict__ slot,
                                     u16* __restrict__ q_out, u16* __restrict__ kc,
                                     u16* __restrict__ vc) {
+    pdl_enter();
     int t = blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int p = pos[t];
@@ -177,27 +190,34 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 // Value phase: VT threads cover a value row, 8 dims (16 bytes) each; KG key groups.
 #define VT (HD / 8)
 #define KG (ATT_THREADS / VT)
-// Fewest keys per split: shorter splits cost more in merging than they save.
-#define MIN_SPLIT 16
+// Fewest keys per split: a block scores ATT_THREADS keys at once, so a shorter split
+// saves nothing and costs a merge.
+#define MIN_SPLIT ATT_THREADS
 
 // Attention of token t's GROUP query heads sharing key/value head blockIdx.y over
-// split blockIdx.z of its keys 0..pos[t], writing [T, NH*HD] to `out`. With several
-// splits each block leaves its unnormalized sums and (max, sum) in part_o
+// split blockIdx.z of its keys 0..pos[t], writing [T, NH*HD] to `out`. The grid has the
+// most splits a step may use (fixed when it is captured); a token uses as many as its
+// keys fill, at least MIN_SPLIT keys each, and the blocks beyond them leave at once.
+// With several splits each block leaves its unnormalized sums and (max, sum) in part_o
 // ([T, NH, S, HD]) and part_ml ([T, NH, S, 2]); the last block of a (token, kv head) to
 // finish merges them (counters must start at zero; the merging block resets its own).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
      const int* __restrict__ pos, const int* __restrict__ slot, u16* __restrict__ out,
      float* part_o, float* part_ml, unsigned int* counters, float scale) {
+    pdl_enter();
     __shared__ float qs[GROUP][HD];
     __shared__ float ps[GROUP][ATT_THREADS];
     __shared__ float alpha_s[GROUP], m_s[GROUP], l_s[GROUP];
     __shared__ float red[ATT_THREADS / 32][GROUP][HD];
     __shared__ int last_s;
-    int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, S = gridDim.z;
+    int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, SG = gridDim.z;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int L = pos[t] + 1;
-    int per = max(MIN_SPLIT, (L + S - 1) / S);
+    int per = max(MIN_SPLIT, (L + SG - 1) / SG);
+    // Splits this token uses; part_o / part_ml keep the grid's stride SG.
+    int S = (L + per - 1) / per;
+    if (sp >= S) return;
     int j0 = sp * per, j1 = min(L, j0 + per);
     const u16* qrow = q + (size_t)t * NH * HD + (size_t)kvh * GROUP * HD;
     for (int i = tid; i < GROUP * HD; i += ATT_THREADS) qs[i / HD][i % HD] = to_f(qrow[i]) * scale * LOG2E;
@@ -292,7 +312,7 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
         if (S == 1) {
             out[(size_t)t * NH * HD + h * HD + d] = from_f(v / l_s[g]);
         } else {
-            size_t pi = ((size_t)t * NH + h) * S + sp;
+            size_t pi = ((size_t)t * NH + h) * SG + sp;
             part_o[pi * HD + d] = v;
             if (d == 0) { part_ml[pi * 2] = m_s[g]; part_ml[pi * 2 + 1] = l_s[g]; }
         }
@@ -310,7 +330,7 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
     __threadfence();
     for (int i = tid; i < GROUP * HD; i += ATT_THREADS) {
         int g = i / HD, d = i % HD;
-        size_t pi = ((size_t)t * NH + kvh * GROUP + g) * S;
+        size_t pi = ((size_t)t * NH + kvh * GROUP + g) * SG;
         float M = NEG_INF;
 #pragma unroll 4
         for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(&part_ml[(pi + s) * 2]));
@@ -332,6 +352,7 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
 __device__ __forceinline__ float silu_mul1(float g, float u) { return rnd(rnd(g / (1.f + __expf(-g))) * u); }
 
 extern "C" __global__ void silu_mul(const u16* __restrict__ gu, u16* __restrict__ act, int n) {
+    pdl_enter();
     size_t total = (size_t)n * INTER;
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < total;
          k += (size_t)gridDim.x * blockDim.x) {
@@ -344,14 +365,18 @@ extern "C" __global__ void silu_mul(const u16* __restrict__ gu, u16* __restrict_
 // into shared memory from x: MODE 0 as is, MODE 1 RMSNorm(x) * nw (the norm fused in),
 // MODE 2 silu(x[k]) * x[K + k] (x is the gate/up output). WPR warps share a weight row,
 // each taking a slice of its 16-byte chunks. Dynamic shared memory: K floats.
-template <int MODE, int WPR, int OUT_F32>
+// OUT 0 writes the model dtype (adding to y with `accumulate`), OUT 1 f32, OUT 2 pairs
+// rows o and O + o of W (gate and up) and writes silu(gate) * up, each rounded as the
+// reference rounds the gate/up output: the activation without a gate/up buffer.
+template <int MODE, int WPR, int OUT>
 __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* __restrict__ x,
                                           const u16* __restrict__ nw, void* __restrict__ y,
                                           int O, int K, int accumulate) {
+    pdl_enter();
     extern __shared__ float4 xs4[];
     float* xs = (float*)xs4;
     __shared__ float red[32];
-    __shared__ float part[8];
+    __shared__ float part[2][8];
     if (MODE == 1) {
         float ss = 0.f;
         for (int k = threadIdx.x; k < K; k += blockDim.x) { float v = to_f(x[k]); ss += v * v; }
@@ -368,9 +393,10 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
     // Row groups are strided over the grid, so the staged input serves several rows.
     for (int base = blockIdx.x * (8 / WPR); base < O; base += gridDim.x * (8 / WPR)) {
         int o = base + warp / WPR;
-        float acc = 0.f;
+        float acc = 0.f, acc2 = 0.f;
         if (o < O) {
             const uint4* wr = (const uint4*)(W + (size_t)o * K);
+            const uint4* wr2 = (const uint4*)(W + (size_t)(O + o) * K);
 #pragma unroll 4
             for (int k = kp * 32 + lane; k < (K >> 3); k += 32 * WPR) {
                 float wf[8];
@@ -378,21 +404,29 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
                 float4 a = xv[2 * k], b = xv[2 * k + 1];
                 acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w
                      + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+                if (OUT == 2) {
+                    unpack8(__ldg(wr2 + k), wf);
+                    acc2 += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w
+                          + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+                }
             }
         }
         acc = warp_sum(acc);
+        if (OUT == 2) acc2 = warp_sum(acc2);
         if (WPR > 1) {
-            if (lane == 0) part[warp] = acc;
+            if (lane == 0) { part[0][warp] = acc; part[1][warp] = acc2; }
             __syncthreads();
             if (lane == 0 && kp == 0) {
 #pragma unroll
-                for (int k = 1; k < WPR; ++k) acc += part[warp + k];
+                for (int k = 1; k < WPR; ++k) { acc += part[0][warp + k]; acc2 += part[1][warp + k]; }
             }
             __syncthreads();
         }
         if (lane == 0 && kp == 0 && o < O) {
-            if (OUT_F32) {
+            if (OUT == 1) {
                 ((float*)y)[o] = rnd(acc);
+            } else if (OUT == 2) {
+                ((u16*)y)[o] = from_f(silu_mul1(rnd(acc), rnd(acc2)));
             } else {
                 u16* yy = (u16*)y + o;
                 *yy = from_f(accumulate ? to_f(*yy) + acc : acc);
@@ -409,6 +443,10 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
     extern "C" __global__ void __launch_bounds__(256) gemv_m##MODE##_w##WPR##_f32(          \
         const u16* W, const u16* x, const u16* nw, float* y, int O, int K, int acc) {       \
         gemv_impl<MODE, WPR, 1>(W, x, nw, y, O, K, acc);                                    \
+    }                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) gemv_m##MODE##_w##WPR##_pair(         \
+        const u16* W, const u16* x, const u16* nw, u16* y, int O, int K, int acc) {         \
+        gemv_impl<MODE, WPR, 2>(W, x, nw, y, O, K, acc);                                    \
     }
 #define GEMV_ALL(MODE) GEMV(MODE, 1) GEMV(MODE, 2) GEMV(MODE, 4) GEMV(MODE, 8)
 GEMV_ALL(0)
@@ -422,6 +460,7 @@ GEMV_ALL(2)
 #define AM_THREADS 256
 extern "C" __global__ void __launch_bounds__(AM_THREADS)
 argmax_part(const float* __restrict__ logits, int V, float* __restrict__ part) {
+    pdl_enter();
     __shared__ float sv[AM_THREADS / 32];
     __shared__ int si[AM_THREADS / 32];
     __shared__ float red[32];
@@ -459,6 +498,7 @@ argmax_part(const float* __restrict__ logits, int V, float* __restrict__ part) {
 
 extern "C" __global__ void argmax_final(const float* __restrict__ part, int nb,
                                         int* __restrict__ tok, float* __restrict__ prob) {
+    pdl_enter();
     int r = blockIdx.x, lane = threadIdx.x;
     const float* p = part + (size_t)r * nb * 3;
     float best = NEG_INF;

@@ -2,15 +2,92 @@
 
 use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
-use cudarc::driver::{result, sys, CudaGraph, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
 use super::{derr, splits_for, CudaEngine, Input, ARGMAX_BLOCKS, BUCKETS, GEMV_MAX_K};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
 impl CudaEngine {
+    /// Launch `f` on the engine's stream, as a programmatic dependent launch when the
+    /// engine uses them.
+    ///
+    /// # Safety
+    /// `params` must hold one pointer per kernel parameter, each to a value of that
+    /// parameter's type, and every device address among them must be valid for the kernel.
+    pub(super) unsafe fn launch_raw(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), DraftError> {
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: self.pdl as u32,
+        };
+        // SAFETY: the caller vouches for the parameters; cfg and attr outlive the call.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(derr)
+    }
+
     fn fused_gemv(&self, n: usize, k: usize) -> bool {
         self.fused && n == 1 && k <= GEMV_MAX_K
+    }
+
+    /// One-row GEMV kernel: `out` 0 the model dtype, 1 f32, 2 silu(gate) · up of the row
+    /// pairs (o, O + o), `o` outputs either way.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        o: usize,
+        k: usize,
+        input: Input,
+        accumulate: bool,
+        out: usize,
+    ) -> Result<(), DraftError> {
+        // Enough blocks to cover the GPU: small outputs split each row over warps.
+        let wpr = [1usize, 2, 4, 8]
+            .into_iter()
+            .find(|w| o * w / 8 >= 264)
+            .unwrap_or(8);
+        let (mode, nw) = match input {
+            Input::Plain => (0, 0u64),
+            Input::Norm(nw) => (1, nw),
+            Input::SiluMul => (2, 0),
+        };
+        let f = &self.k.gemv[mode][wpr.trailing_zeros() as usize][out];
+        // Row groups beyond a few blocks per multiprocessor are strided in-kernel, so
+        // each block stages its input once for several rows.
+        let grid = (o.div_ceil(8 / wpr).min(8 * self.sms) as u32, 1, 1);
+        launch!(self, f, grid, 256, (k * 4) as u32; w, x, nw, y, o as i32, k as i32, accumulate as i32)
     }
 
     /// y[n, o] (+)= in(x)[n, k] · W[o, k]ᵀ, where `in` is `input` applied to x.
@@ -27,33 +104,18 @@ impl CudaEngine {
         accumulate: bool,
         out_f32: bool,
     ) -> Result<(), DraftError> {
-        let st = &self.stream;
         if self.fused_gemv(n, k) {
-            // Enough blocks to cover the GPU: small outputs split each row over warps.
-            let wpr = [1usize, 2, 4, 8]
-                .into_iter()
-                .find(|w| o * w / 8 >= 264)
-                .unwrap_or(8);
-            let (mode, nw) = match input {
-                Input::Plain => (0, 0u64),
-                Input::Norm(nw) => (1, nw),
-                Input::SiluMul => (2, 0),
-            };
-            let f = &self.k.gemv[mode][wpr.trailing_zeros() as usize][out_f32 as usize];
-            // Row groups beyond a few blocks per multiprocessor are strided in-kernel, so
-            // each block stages its input once for several rows.
-            let grid = (o.div_ceil(8 / wpr).min(8 * self.sms) as u32, 1, 1);
-            return launch!(st, f, grid, 256, (k * 4) as u32; w, x, nw, y, o as i32, k as i32, accumulate as i32);
+            return self.gemv(w, x, y, o, k, input, accumulate, out_f32 as usize);
         }
         let x = match input {
             Input::Plain => x,
             Input::Norm(nw) => {
-                launch!(st, &self.k.rmsnorm, (n as u32, 1, 1), 256; x, nw, self.a.h.p, 0u64)?;
+                launch!(self, &self.k.rmsnorm, (n as u32, 1, 1), 256; x, nw, self.a.h.p, 0u64)?;
                 self.a.h.p
             }
             Input::SiluMul => {
                 let blocks = (n * k).div_ceil(256).min(8 * self.sms) as u32;
-                launch!(st, &self.k.silu_mul, (blocks, 1, 1), 256; x, self.a.act.p, n as i32)?;
+                launch!(self, &self.k.silu_mul, (blocks, 1, 1), 256; x, self.a.act.p, n as i32)?;
                 self.a.act.p
             }
         };
@@ -121,9 +183,8 @@ impl CudaEngine {
             c.intermediate_size,
         );
         let a = &self.a;
-        let st = &self.stream;
         let ntu = nt as u32;
-        launch!(st, &self.k.embed, (ntu, 1, 1), 128; a.ids.p, self.embed, a.x.p)?;
+        launch!(self, &self.k.embed, (ntu, 1, 1), 128; a.ids.p, self.embed, a.x.p)?;
         let scale = 1f32 / (d as f32).sqrt();
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
@@ -142,9 +203,9 @@ impl CudaEngine {
                 false,
             )?;
             let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
-            launch!(st, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
+            launch!(self, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
                 a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos.p, a.slot.p, a.q.p, kc, vc)?;
-            launch!(st, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
+            launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
                 a.q.p, kc, vc, a.pos.p, a.slot.p, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale)?;
             self.proj(
                 l.o,
@@ -157,28 +218,54 @@ impl CudaEngine {
                 true,
                 false,
             )?;
-            self.proj(
-                l.gate_up,
-                a.x.p,
-                a.gu.p,
-                2 * inter,
-                h,
-                nt,
-                Input::Norm(l.ln2),
-                false,
-                false,
-            )?;
-            self.proj(
-                l.down,
-                a.gu.p,
-                a.x.p,
-                h,
-                inter,
-                nt,
-                Input::SiluMul,
-                true,
-                false,
-            )?;
+            if self.fused_gemv(nt, h) {
+                // The gate/up GEMV writes the activation itself: no gate/up buffer, and
+                // no block of the down projection recomputes silu over its whole input.
+                self.gemv(
+                    l.gate_up,
+                    a.x.p,
+                    a.act.p,
+                    inter,
+                    h,
+                    Input::Norm(l.ln2),
+                    false,
+                    2,
+                )?;
+                self.proj(
+                    l.down,
+                    a.act.p,
+                    a.x.p,
+                    h,
+                    inter,
+                    nt,
+                    Input::Plain,
+                    true,
+                    false,
+                )?;
+            } else {
+                self.proj(
+                    l.gate_up,
+                    a.x.p,
+                    a.gu.p,
+                    2 * inter,
+                    h,
+                    nt,
+                    Input::Norm(l.ln2),
+                    false,
+                    false,
+                )?;
+                self.proj(
+                    l.down,
+                    a.gu.p,
+                    a.x.p,
+                    h,
+                    inter,
+                    nt,
+                    Input::SiluMul,
+                    true,
+                    false,
+                )?;
+            }
         }
         // Final norm of the sampled rows, then the output projection.
         if self.fused_gemv(nr, h) {
@@ -196,7 +283,7 @@ impl CudaEngine {
                 true,
             )?;
         } else {
-            launch!(st, &self.k.rmsnorm, (nr as u32, 1, 1), 256; a.x.p, self.norm, a.xs.p, a.rows.p)?;
+            launch!(self, &self.k.rmsnorm, (nr as u32, 1, 1), 256; a.x.p, self.norm, a.xs.p, a.rows.p)?;
             self.gemm(
                 self.lm_head,
                 a.xs.p,
@@ -208,16 +295,15 @@ impl CudaEngine {
                 true,
             )?;
         }
-        launch!(st, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, c.vocab_size as i32, a.am_part.p)?;
-        launch!(st, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, a.tok.p, a.prob.p)
+        launch!(self, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, c.vocab_size as i32, a.am_part.p)?;
+        launch!(self, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, a.tok.p, a.prob.p)
     }
 
     fn upload_inputs(&mut self, n: usize, nr: usize) -> Result<(), DraftError> {
-        let st = &self.stream;
         let copy = |src: &[i32], dst: u64| -> Result<(), DraftError> {
             // SAFETY: dst is an engine-owned buffer of at least max_tokens i32 and
             // src.len() <= max_tokens (checked by the caller).
-            unsafe { result::memcpy_htod_async(dst, src, st.cu_stream()) }.map_err(derr)
+            unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(derr)
         };
         copy(&self.h_ids[..n], self.a.ids.p)?;
         copy(&self.h_pos[..n], self.a.pos.p)?;

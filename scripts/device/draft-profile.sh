@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Where a draft-model decode step spends its time on the GPU: every kernel of a short
+# batch-1 run timed alone by Nsight Compute (ncu), summed per kernel name and divided by
+# the decode steps. Set against the step's wall time from draft-bench.sh, the difference
+# is what launches and the gaps between kernels cost. Measured on an NVIDIA H200.
+#
+# Usage: draft-profile.sh MODEL_DIR [BIN.gz]   (env: VARIANT="" or "SPECD_DRAFT_FUSED=1",
+#        STEPS=24 decode steps, OUT=dir for the CSV)
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+MODEL="$1"
+BIN_GZ="${2:-$HERE/specd-bench.gz}"
+STEPS="${STEPS:-24}"
+OUT="${OUT:-/tmp/specd-draft-profile}"
+W=/tmp/specd-draft-work
+mkdir -p "$W" "$OUT"
+CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
+export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ -x "$W/specd-bench" ] || { gunzip -c "$BIN_GZ" >"$W/specd-bench" && chmod +x "$W/specd-bench"; } || exit 1
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+[ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
+
+tag="${VARIANT:-default}"
+tag="${tag//[^A-Za-z0-9]/_}"
+csv="$OUT/kernels-$tag.csv"
+# shellcheck disable=SC2086
+env ${VARIANT:-} "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+  --print-units base --log-file "$csv" \
+  "$W/specd-bench" draft --model "$MODEL" --device cuda:0 --batch 1 --prompt-len 16 \
+  --new-tokens "$STEPS" --repeat 1 >/dev/null 2>"$OUT/ncu-$tag.err"
+echo "ncu exit $? ($(wc -l <"$csv") lines)"
+python3 - "$csv" "$STEPS" <<'EOF'
+import csv, sys, collections
+path, steps = sys.argv[1], int(sys.argv[2])
+rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"'))]
+head, rows = rows[0], rows[1:]
+ki, vi = head.index("Kernel Name"), head.index("Metric Value")
+per = collections.defaultdict(lambda: [0, 0.0])
+for r in rows:
+    name = r[ki].split("(")[0].split("<")[0].strip()
+    per[name][0] += 1
+    per[name][1] += float(r[vi].replace(",", "")) / 1e3  # ns -> µs
+# The bench's decode steps end in argmax_final; everything else is prompt and warm-up.
+n = max(1, per.get("argmax_final", [1])[0])
+total = sum(v[1] for v in per.values())
+print(f"{len(rows)} kernels, {n} sampling steps; µs per step by kernel (sum over the run / steps):")
+for name, (c, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+    print(f"  {name:40s} {c / n:7.1f} launches {us / n:9.2f} µs")
+print(f"  {'all kernels':40s} {len(rows) / n:7.1f} launches {total / n:9.2f} µs")
+EOF
