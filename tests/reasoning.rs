@@ -254,6 +254,7 @@ async fn engine_parsers_split_like_direct_vllm() {
             convs.push((c.0, c.1, extra));
         }
         split_like_direct(parser, convs).await;
+        stop_reasoning_upstream(parser);
     }
 }
 
