@@ -7,8 +7,9 @@
 //! splits), output projection with the residual added in place, RMSNorm, gate/up
 //! projection, SiLU·mul, down projection with the residual added in place; projections
 //! through cuBLAS. With `SPECD_DRAFT_FUSED=1`, a one-token step runs its projections as
-//! GEMV kernels that compute their input (RMSNorm, SiLU·mul) in shared memory (six
-//! kernels a layer); on an H200 that measured no faster, so it is off by default.
+//! GEMV kernels that compute the RMSNorm of their input in shared memory, the gate/up one
+//! writing SiLU·mul itself (six kernels a layer); on an H200 that measured no faster, so
+//! it is off by default.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -94,10 +95,20 @@ struct Kernels {
     qkv_post: CudaFunction,
     attn: CudaFunction,
     silu_mul: CudaFunction,
-    /// gemv[mode][log2 warps per row][output: model dtype, f32, gate/up pair]
+    /// gemv[RMSNorm fused][log2 warps per row][`GemvOut`]
     gemv: Vec<Vec<[CudaFunction; 3]>>,
     argmax_part: CudaFunction,
     argmax_final: CudaFunction,
+}
+
+/// What a one-row GEMV kernel writes (the index of its variant).
+#[derive(Clone, Copy)]
+enum GemvOut {
+    /// The model dtype, added to the output with `accumulate`.
+    Model = 0,
+    F32 = 1,
+    /// silu(gate) · up of the row pairs (o, O + o) of a gate/up weight.
+    SiluPair = 2,
 }
 
 /// What a projection computes its input from.
@@ -269,7 +280,7 @@ impl CudaEngine {
             qkv_post: f("qkv_post")?,
             attn: f("attn")?,
             silu_mul: f("silu_mul")?,
-            gemv: (0..3)
+            gemv: (0..2)
                 .map(|m| {
                     [1, 2, 4, 8]
                         .iter()

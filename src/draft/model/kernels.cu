@@ -362,8 +362,8 @@ extern "C" __global__ void silu_mul(const u16* __restrict__ gu, u16* __restrict_
 }
 
 // One-row projection y[o] (+)= sum_k xin[k] * W[o, k], the input computed once per block
-// into shared memory from x: MODE 0 as is, MODE 1 RMSNorm(x) * nw (the norm fused in),
-// MODE 2 silu(x[k]) * x[K + k] (x is the gate/up output). WPR warps share a weight row,
+// into shared memory from x: MODE 0 as is, MODE 1 RMSNorm(x) * nw (the norm fused in).
+// WPR warps share a weight row,
 // each taking a slice of its 16-byte chunks. Dynamic shared memory: K floats.
 // OUT 0 writes the model dtype (adding to y with `accumulate`), OUT 1 f32, OUT 2 pairs
 // rows o and O + o of W (gate and up) and writes silu(gate) * up, each rounded as the
@@ -382,8 +382,6 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
         for (int k = threadIdx.x; k < K; k += blockDim.x) { float v = to_f(x[k]); ss += v * v; }
         float inv = rsqrtf(block_sum(ss, red) / K + EPS);
         for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = rnd(to_f(nw[k]) * rnd(to_f(x[k]) * inv));
-    } else if (MODE == 2) {
-        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = silu_mul1(to_f(x[k]), to_f(x[K + k]));
     } else {
         for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = to_f(x[k]);
     }
@@ -451,7 +449,6 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
 #define GEMV_ALL(MODE) GEMV(MODE, 1) GEMV(MODE, 2) GEMV(MODE, 4) GEMV(MODE, 8)
 GEMV_ALL(0)
 GEMV_ALL(1)
-GEMV_ALL(2)
 
 // Greedy token and softmax probability in two passes: each of gridDim.y blocks of a row
 // reduces a slice to (max, first index of the max, sum of exp(l - max)); argmax_final

@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
-use super::{derr, splits_for, CudaEngine, Input, ARGMAX_BLOCKS, BUCKETS, GEMV_MAX_K};
+use super::{derr, splits_for, CudaEngine, GemvOut, Input, ARGMAX_BLOCKS, BUCKETS, GEMV_MAX_K};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
@@ -59,8 +59,7 @@ impl CudaEngine {
         self.fused && n == 1 && k <= GEMV_MAX_K
     }
 
-    /// One-row GEMV kernel: `out` 0 the model dtype, 1 f32, 2 silu(gate) · up of the row
-    /// pairs (o, O + o), `o` outputs either way.
+    /// One-row GEMV kernel over x, or over RMSNorm(x) · `norm` when given; `o` outputs.
     #[allow(clippy::too_many_arguments)]
     fn gemv(
         &self,
@@ -69,21 +68,17 @@ impl CudaEngine {
         y: u64,
         o: usize,
         k: usize,
-        input: Input,
+        norm: Option<u64>,
         accumulate: bool,
-        out: usize,
+        out: GemvOut,
     ) -> Result<(), DraftError> {
         // Enough blocks to cover the GPU: small outputs split each row over warps.
         let wpr = [1usize, 2, 4, 8]
             .into_iter()
             .find(|w| o * w / 8 >= 264)
             .unwrap_or(8);
-        let (mode, nw) = match input {
-            Input::Plain => (0, 0u64),
-            Input::Norm(nw) => (1, nw),
-            Input::SiluMul => (2, 0),
-        };
-        let f = &self.k.gemv[mode][wpr.trailing_zeros() as usize][out];
+        let f = &self.k.gemv[norm.is_some() as usize][wpr.trailing_zeros() as usize][out as usize];
+        let nw = norm.unwrap_or(0);
         // Row groups beyond a few blocks per multiprocessor are strided in-kernel, so
         // each block stages its input once for several rows.
         let grid = (o.div_ceil(8 / wpr).min(8 * self.sms) as u32, 1, 1);
@@ -104,8 +99,19 @@ impl CudaEngine {
         accumulate: bool,
         out_f32: bool,
     ) -> Result<(), DraftError> {
-        if self.fused_gemv(n, k) {
-            return self.gemv(w, x, y, o, k, input, accumulate, out_f32 as usize);
+        // SiLU·mul inputs come fused from the gate/up GEMV instead (`GemvOut::SiluPair`).
+        let norm = match input {
+            Input::Plain => Some(None),
+            Input::Norm(nw) => Some(Some(nw)),
+            Input::SiluMul => None,
+        };
+        if let (true, Some(norm)) = (self.fused_gemv(n, k), norm) {
+            let out = if out_f32 {
+                GemvOut::F32
+            } else {
+                GemvOut::Model
+            };
+            return self.gemv(w, x, y, o, k, norm, accumulate, out);
         }
         let x = match input {
             Input::Plain => x,
@@ -227,9 +233,9 @@ impl CudaEngine {
                     a.act.p,
                     inter,
                     h,
-                    Input::Norm(l.ln2),
+                    Some(l.ln2),
                     false,
-                    2,
+                    GemvOut::SiluPair,
                 )?;
                 self.proj(
                     l.down,
