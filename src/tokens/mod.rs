@@ -145,14 +145,14 @@ impl ModelTokenizer {
         out
     }
 
-    /// Text of a single token, as vLLM shows it in logprobs.
     /// The id of a token of the vocabulary (added tokens included).
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.tokenizer.token_to_id(token)
     }
 
+    /// Text of a single token, as vLLM shows it in logprobs.
     pub fn token_text(&self, id: u32) -> String {
-        self.tokenizer.decode(&[id], false).unwrap_or_default()
+        self.decode(&[id])
     }
 }
 

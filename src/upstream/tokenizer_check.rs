@@ -19,15 +19,7 @@ pub fn probe_text(tok: &ModelTokenizer) -> String {
     let mut text = String::from(
         "specd check: naïve café, Grüße — 数字 ✓ ½ 12345 6.02e23\n\tdef f(x):\n        return x  # done\n",
     );
-    let mut specials: Vec<(u32, String)> = tok
-        .tokenizer
-        .get_added_tokens_decoder()
-        .into_iter()
-        .filter(|(_, t)| t.special)
-        .map(|(id, t)| (id, t.content))
-        .collect();
-    specials.sort();
-    for (_, s) in specials.into_iter().take(4) {
+    for (s, _) in tok.special_tokens().into_iter().take(4) {
         text.push_str(&s);
         text.push_str(" ok ");
     }

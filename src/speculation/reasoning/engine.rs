@@ -335,17 +335,14 @@ impl Engine {
         for t in tokens {
             match t {
                 // Once ids are seen, a marker that has an id counts only as that id.
-                Lexed::Text(v, n) | Lexed::Term(_, v, n, true) if self.ever_ids => {
+                Lexed::Term(term, v, n, by_id) if !(by_id && self.ever_ids) => {
+                    events.extend(self.terminal(term, v, n))
+                }
+                Lexed::Text(v, n) | Lexed::Term(_, v, n, _) => {
                     if !v.is_empty() {
                         events.extend(self.emit(v, n));
                     }
                 }
-                Lexed::Text(v, n) => {
-                    if !v.is_empty() {
-                        events.extend(self.emit(v, n));
-                    }
-                }
-                Lexed::Term(term, v, n, _) => events.extend(self.terminal(term, v, n)),
             }
         }
         events

@@ -37,10 +37,6 @@ pub struct Lexer {
 }
 
 impl Lexer {
-    pub fn has_buffer(&self) -> bool {
-        !self.buffer.is_empty()
-    }
-
     /// `feed`: the text, the texts of its tokens (to place their counts) and how many.
     pub fn feed(
         &mut self,
@@ -223,10 +219,6 @@ pub struct Scanner {
 }
 
 impl Scanner {
-    pub fn has_deferred(&self) -> bool {
-        !self.deferred.is_empty()
-    }
-
     /// `scan`: `ids` maps marker ids to terms; `texts` are the step's tokens' texts.
     pub fn scan(
         &mut self,
@@ -273,7 +265,6 @@ impl Scanner {
             self.trailing += pending;
             return prefix;
         }
-        effective = std::mem::take(&mut effective);
         prefix.extend(self.recover_holdback(&effective, results));
         prefix
     }
