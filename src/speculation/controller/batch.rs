@@ -101,19 +101,18 @@ impl Batch {
     pub(super) fn speculates(&self, slot: Option<&Slot>, w: &Weigh) -> Option<usize> {
         let mut g = self.inner.lock().ok()?;
         let mine = slot.map(|s| s.id);
-        let others: Vec<f64> = g
-            .gains
-            .iter()
-            .filter(|(id, _)| Some(*id) != mine)
-            .map(|e| e.1)
-            .collect();
-        let n = others.len() + usize::from(w.own.is_some());
+        let (mut posted, mut others) = (0usize, 0.0f64);
+        for (_, gain) in g.gains.iter().filter(|(id, _)| Some(*id) != mine) {
+            posted += 1;
+            others += gain;
+        }
+        let n = posted + usize::from(w.own.is_some());
         if n == 0 {
             return None;
         }
         let unposted = w.in_loop.saturating_sub(n);
         let loss = (w.outside + unposted) as f64 * w.step_loss;
-        let net = others.iter().sum::<f64>() + w.own.unwrap_or(0.0) - loss;
+        let net = others + w.own.unwrap_or(0.0) - loss;
         if g.speculating {
             // Leaving needs no margin: each stream then weighs its own switch as before.
             g.speculating = net > 0.0;

@@ -95,7 +95,7 @@ impl Controller {
         let (others, spec) = if let Some(relayers) = verdict {
             (outside + relayers, in_loop.saturating_sub(relayers).max(1))
         } else {
-            let others = self.load.others_decoding(self_relaying, now);
+            let others = self.load.others_decoding(self_relaying, outside);
             (others, load.saturating_sub(others).max(1))
         };
         Inputs {
@@ -103,7 +103,12 @@ impl Controller {
             others,
             spec,
             p,
-            costs: self.costs.costs(load, spec, kp, now),
+            // With the whole loop verifying, these are the costs already at hand.
+            costs: if spec == in_loop {
+                all
+            } else {
+                self.costs.costs(load, spec, kp, now)
+            },
             t_draft,
             together,
             joins: verdict.is_some() && together.is_some(),

@@ -99,10 +99,11 @@ impl LoadTracker {
     }
 
     /// Streams decoding plainly besides the caller: this server's relaying streams (less
-    /// the caller when it relays), its passthrough requests, and other clients.
-    pub(super) fn others_decoding(&self, self_relaying: bool, now: Instant) -> usize {
+    /// the caller when it relays), and the `outside` sequences (passthrough requests and
+    /// other clients, as `outside` counts them).
+    pub(super) fn others_decoding(&self, self_relaying: bool, outside: usize) -> usize {
         let relaying = self.relaying.load(Ordering::Relaxed);
-        relaying.saturating_sub(usize::from(self_relaying)) + self.outside(now)
+        relaying.saturating_sub(usize::from(self_relaying)) + outside
     }
 
     /// Sequences at the upstream that cannot speculate: this server's passthrough
