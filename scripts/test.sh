@@ -37,8 +37,10 @@ cleanup() {
   # The SGLang tests start their upstream on first use (scripts/sglang-cpu-upstream.sh).
   bash "$ROOT/scripts/sglang-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   # So do the reasoning tests theirs (tests/common: reasoning_upstream).
-  SPECD_VLLM_MODEL=agent SPECD_VLLM_SERVED_NAME=specd-agent-deepseek_r1 \
-    bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  for parser in deepseek_r1 qwen3 kimi_k2; do
+    SPECD_VLLM_MODEL=agent SPECD_VLLM_SERVED_NAME=specd-agent-$parser \
+      bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  done
   # So do the tool-call tests theirs (tests/common: tools_upstream).
   for name in specd-agent-tools-hermes specd-agent-tools-hermes-deepseek_r1; do
     SPECD_VLLM_MODEL=agent-tools SPECD_VLLM_SERVED_NAME=$name \

@@ -112,12 +112,10 @@ pub fn tools_upstream(parser: &str, reasoning: Option<&str>) -> String {
     named_upstream("agent-tools", &served, &extra)
 }
 
-/// A vLLM of its own serving `model` as `served` with `extra` arguments, started once
-/// per process by scripts/vllm-cpu-upstream.sh (which reuses a running one).
 /// Stop the `agent` server of a reasoning parser that only one test uses, so that its
-/// memory is free for the servers of the tests still running (a 2-core, 24 GiB machine
-/// holds about eight vLLM servers of the test models at once). Not the shared
-/// `deepseek_r1` one, nor one given through the environment.
+/// memory is free for the servers of the tests still running (a 24 GiB machine ran out
+/// with eight vLLM servers of the test models and SGLang up at once). Not the shared
+/// `deepseek_r1` one.
 #[allow(dead_code)]
 pub fn stop_reasoning_upstream(parser: &str) {
     if parser == "deepseek_r1" {
@@ -133,6 +131,8 @@ pub fn stop_reasoning_upstream(parser: &str) {
         .output();
 }
 
+/// A vLLM of its own serving `model` as `served` with `extra` arguments, started once
+/// per process by scripts/vllm-cpu-upstream.sh (which reuses a running one).
 fn named_upstream(model: &str, served: &str, extra: &str) -> String {
     static URLS: OnceLock<Mutex<std::collections::HashMap<String, String>>> = OnceLock::new();
     let urls = URLS.get_or_init(Default::default);
