@@ -31,8 +31,8 @@ pub struct Job {
 struct Seq {
     job: usize,
     index: usize,
-    last3: [u32; 3],
-    len: usize,
+    /// Prompt and tokens produced so far (the rule reads the whole context).
+    ctx: Vec<u32>,
     /// Prompt tokens still to compute (0 once decoding).
     prefill: usize,
     produced: Vec<u32>,
@@ -142,15 +142,13 @@ fn run(
             let (_, job) = waiting.swap_remove(i);
             let id = next_job;
             next_job += 1;
-            for (index, p) in job.prompts.iter().enumerate() {
-                let (new, hash) = uncached(p, block, &mut cache);
-                let n = p.len();
-                let at = |back: usize| if n >= back { p[n - back] } else { 0 };
+            let count = job.prompts.len();
+            for (index, p) in job.prompts.into_iter().enumerate() {
+                let (new, hash) = uncached(&p, block, &mut cache);
                 seqs.push(Seq {
                     job: id,
                     index,
-                    last3: [at(3), at(2), at(1)],
-                    len: n,
+                    ctx: p,
                     prefill: new.max(1),
                     produced: Vec::new(),
                     hash,
@@ -160,8 +158,8 @@ fn run(
                 id,
                 Running {
                     max_tokens: job.max_tokens.max(1),
-                    out: vec![Vec::new(); job.prompts.len()],
-                    left: job.prompts.len(),
+                    out: vec![Vec::new(); count],
+                    left: count,
                     sink: Some(job.sink),
                 },
             );
@@ -185,12 +183,11 @@ fn run(
         std::thread::sleep(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
         let mut finished = Vec::new();
         for (si, s) in seqs.iter_mut().enumerate() {
-            let t = tokens.next_after(s.last3, s.len);
-            s.last3 = [s.last3[1], s.last3[2], t];
-            s.len += 1;
+            let t = tokens.next(&s.ctx);
+            s.ctx.push(t);
             s.prefill = 0;
             s.hash = block_hash(s.hash, t);
-            if s.len % block == 0 {
+            if s.ctx.len() % block == 0 {
                 cache.insert(s.hash);
             }
             s.produced.push(t);

@@ -4,7 +4,8 @@
 //! One server ([`Upstream`]) speaks the subset of vLLM's HTTP API that specd uses
 //! (`/health`, `/v1/models`, `/version`, `/tokenize`, `/detokenize`, `/metrics`, and
 //! `/v1/completions` with text or token-id prompts, `logprobs` +
-//! `return_tokens_as_token_ids`, streaming). Its tokens follow one rule ([`Tokens`]) and its
+//! `return_tokens_as_token_ids`, streaming; `/v1/chat/completions` with its prompt rendered
+//! in ChatML, `tools` included). Its tokens follow one rule ([`Tokens`]) and its
 //! clock is pluggable ([`Timing`]): immediate, for tests, or a cost model with continuous
 //! batching, for `specd-sim serve` and the scenario benchmarks. Every engine step costs
 //!

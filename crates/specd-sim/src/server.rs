@@ -1,4 +1,5 @@
-//! `specd-sim serve`: the fake upstream on the cost model's clock, with the hashed tokens.
+//! `specd-sim serve`: the fake upstream on the cost model's clock, with the hashed tokens
+//! (or, with `--quote`, tokens that quote the context).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +18,11 @@ pub struct ServeArgs {
     /// Served model name.
     #[arg(long, default_value = "specd-sim")]
     pub model: String,
+    /// Answers quote the context (as agents quote tool output): the probability, per
+    /// token, that a quote goes on rather than jumping elsewhere. Unset: hashed tokens
+    /// that only the oracle drafter predicts.
+    #[arg(long, value_parser = probability)]
+    pub quote: Option<f64>,
     #[command(flatten)]
     pub cost: SimConfig,
 }
@@ -28,12 +34,25 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<(SocketAddr, tokio::task::
         tokenizer: args.tokenizer,
         model: args.model,
         max_model_len: args.cost.max_model_len as usize,
-        tokens: Tokens::Hashed {
-            vocab: args.cost.vocab,
+        tokens: match args.quote {
+            Some(p) => Tokens::Quoting {
+                vocab: args.cost.vocab,
+                keep_permille: (p * 1000.0).round() as u32,
+            },
+            None => Tokens::Hashed {
+                vocab: args.cost.vocab,
+            },
         },
         timing: Timing::Model(args.cost),
         tls: None,
     })
     .await?;
     Ok((up.addr, up.detach()))
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("'{s}' is not a probability in 0..=1")),
+    }
 }

@@ -10,6 +10,7 @@ use axum::Json;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
+use super::chat;
 use super::completions::{self, InFlight};
 use super::reply::{encode, error};
 use super::{Seen, St};
@@ -46,8 +47,11 @@ pub(super) async fn handle(st: Arc<St>, req: Request<hyper::body::Incoming>) -> 
     });
     let call = Call::of(&path, &body);
     st.calls[call as usize].fetch_add(1, Ordering::SeqCst);
-    let is_completion = path == "/v1/completions";
-    let prompts = if is_completion {
+    let is_chat = path == "/v1/chat/completions";
+    let is_completion = is_chat || path == "/v1/completions";
+    let prompts = if is_chat {
+        encode(&st, &chat::render(&body), false).map(|p| vec![p])
+    } else if is_completion {
         completions::prompts(&st, body.get("prompt"))
     } else {
         Ok(Vec::new())
@@ -71,7 +75,7 @@ pub(super) async fn handle(st: Arc<St>, req: Request<hyper::body::Incoming>) -> 
         "/metrics" => metrics(&st),
         "/tokenize" => tokenize(&st, &body),
         "/detokenize" => detokenize(&st, &body),
-        "/v1/completions" => match prompts {
+        "/v1/completions" | "/v1/chat/completions" => match prompts {
             Ok(p) => completions::answer(st, &body, p, fault, in_flight).await,
             Err(msg) => error(400, &msg),
         },
@@ -98,19 +102,9 @@ fn metrics(st: &St) -> Response {
 }
 
 fn tokenize(st: &St, b: &Value) -> Response {
-    let tokens = if let Some(msgs) = b.get("messages").and_then(Value::as_array) {
-        // ChatML, as the test models' template renders it.
-        let mut text = String::from("<|begin_of_text|>");
-        for m in msgs {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
-            let content = m.get("content").and_then(Value::as_str).unwrap_or("");
-            text.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
-        }
-        if b.get("add_generation_prompt").and_then(Value::as_bool) != Some(false) {
-            text.push_str("<|im_start|>assistant\n");
-        }
+    let tokens = if b.get("messages").is_some_and(Value::is_array) {
         let special = b.get("add_special_tokens").and_then(Value::as_bool) == Some(true);
-        encode(st, &text, special)
+        encode(st, &chat::render(b), special)
     } else if let Some(p) = b.get("prompt").and_then(Value::as_str) {
         let special = b.get("add_special_tokens").and_then(Value::as_bool) != Some(false);
         encode(st, p, special)

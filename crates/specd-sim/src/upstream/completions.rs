@@ -1,5 +1,6 @@
-//! `/v1/completions`, whole and streamed, on either clock, and the faults applied to the
-//! answer itself (malformed JSON, cut bodies and streams).
+//! `/v1/completions` (and `/v1/chat/completions`, its prompt rendered by `chat.rs`), whole
+//! and streamed, on either clock, and the faults applied to the answer itself (malformed
+//! JSON, cut bodies and streams).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -66,6 +67,8 @@ pub(crate) fn prompts(st: &St, p: Option<&Value>) -> Result<Vec<Vec<u32>>, Strin
 /// How the answer is shaped.
 struct Shape {
     model: String,
+    /// Chat-shaped (`message` / `delta`) rather than `text`.
+    chat: bool,
     as_ids: bool,
     /// `Some(n)`: logprobs wanted, with n top entries.
     n_top: Option<usize>,
@@ -104,12 +107,32 @@ impl Shape {
     }
 
     fn choice(&self, st: &St, index: usize, toks: &[u32], finish: Option<&str>) -> Value {
-        json!({"index": index, "text": st.tok.decode(toks, true).unwrap_or_default(),
+        let text = st.tok.decode(toks, true).unwrap_or_default();
+        if self.chat {
+            return json!({"index": index, "message": {"role": "assistant", "content": text},
+                          "logprobs": null, "finish_reason": finish, "stop_reason": null});
+        }
+        json!({"index": index, "text": text,
                "logprobs": self.logprobs(st, toks), "finish_reason": finish, "stop_reason": null})
     }
 
-    fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
-        let mut v = json!({"id": "cmpl-specd-sim", "object": "text_completion", "created": 0,
+    /// One streamed token's choice.
+    fn delta(&self, st: &St, t: u32, finish: Option<&str>) -> Value {
+        if !self.chat {
+            return self.choice(st, 0, &[t], finish);
+        }
+        let text = st.tok.decode(&[t], true).unwrap_or_default();
+        json!({"index": 0, "delta": {"content": text}, "logprobs": null,
+               "finish_reason": finish})
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<Value>, streamed: bool) -> Value {
+        let (id, object) = match (self.chat, streamed) {
+            (false, _) => ("cmpl-specd-sim", "text_completion"),
+            (true, false) => ("chatcmpl-specd-sim", "chat.completion"),
+            (true, true) => ("chatcmpl-specd-sim", "chat.completion.chunk"),
+        };
+        let mut v = json!({"id": id, "object": object, "created": 0,
                            "model": self.model, "choices": choices});
         if let Some(u) = usage {
             v["usage"] = u;
@@ -148,6 +171,7 @@ pub(super) async fn answer(
             .and_then(Value::as_str)
             .unwrap_or(&st.model)
             .to_string(),
+        chat: body.get("messages").is_some(),
         as_ids: body.get("return_tokens_as_token_ids") == Some(&Value::Bool(true)),
         n_top: body
             .get("logprobs")
@@ -183,7 +207,11 @@ pub(super) async fn answer(
         .map(|(i, toks)| shape.choice(&st, i, toks, Some("length")))
         .collect();
     let completion: usize = outs.iter().map(Vec::len).sum();
-    let v = shape.chunk(json!(choices), Some(usage(prompt_tokens, completion)));
+    let v = shape.chunk(
+        json!(choices),
+        Some(usage(prompt_tokens, completion)),
+        false,
+    );
     match fault {
         Some(Fault::Malformed(_)) => {
             let s = v.to_string();
@@ -298,15 +326,15 @@ async fn step(mut s: Streamed) -> Option<(Result<Bytes, std::io::Error>, Streame
         let mut out = Vec::new();
         if s.shape.usage {
             let u = usage(s.prompt_tokens, s.n);
-            out.extend_from_slice(&sse(&s.shape.chunk(json!([]), Some(u))));
+            out.extend_from_slice(&sse(&s.shape.chunk(json!([]), Some(u), true)));
         }
         out.extend_from_slice(b"data: [DONE]\n\n");
         return Some((Ok(Bytes::from(out)), s));
     };
     s.n += 1;
     let finish = (s.n >= s.max_tokens).then_some("length");
-    let choice = s.shape.choice(&s.st, 0, &[t], finish);
-    let chunk = sse(&s.shape.chunk(json!([choice]), None));
+    let choice = s.shape.delta(&s.st, t, finish);
+    let chunk = sse(&s.shape.chunk(json!([choice]), None, true));
     Some((Ok(chunk), s))
 }
 

@@ -24,6 +24,7 @@ use crate::fault::{Call, Fault, Rules};
 use crate::{SimConfig, Tokens};
 
 mod api;
+mod chat;
 mod completions;
 mod reply;
 

@@ -2,7 +2,13 @@
 //! speculation off), static K, and `auto` — each mode behind its own specd process, trials
 //! interleaved (the order of modes rotates every repeat) so drift hits all modes alike.
 //! Reports tokens/s per stream. With `--upstream` it runs text workloads against a real
-//! server instead of the sim's oracle scenarios.
+//! server instead of the sim's oracle scenarios. `--only agent` runs tool-calling agent
+//! loops ([`agent`]) through specd with a tool-call parser: against the real server, or
+//! against a sim whose answers quote the context.
+
+pub mod agent;
+mod table;
+mod target;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -13,7 +19,6 @@ use anyhow::Context;
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-use specd_sim::server::{self, ServeArgs};
 use specd_sim::{continuation, corrupt, SimConfig};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -44,9 +49,24 @@ pub struct BenchArgs {
     /// Drafter for text workloads (the sim scenarios use the oracle).
     #[arg(long, default_value = "suffix")]
     pub drafter: String,
-    /// Only these scenarios (comma-separated names).
+    /// Only these scenarios (comma-separated names). `agent` runs only when named.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// `agent`: specd's (and the server's) tool-call parser.
+    #[arg(long, default_value = "hermes")]
+    pub tool_call_parser: String,
+    /// `agent`: specd's reasoning parser, as the server was started with (none: no
+    /// reasoning parser).
+    #[arg(long)]
+    pub reasoning_parser: Option<String>,
+    /// `agent` on the sim: tokenizer directory with the tool-call tokens (default
+    /// ~/.cache/specd/models/agent-tools).
+    #[arg(long)]
+    pub agent_tokenizer: Option<PathBuf>,
+    /// `agent` on the sim: the probability, per token, that an answer's quote of the
+    /// context goes on (specd-sim's `--quote`).
+    #[arg(long, default_value_t = 0.85)]
+    pub quote: f64,
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -65,6 +85,8 @@ enum Work {
     Oracle(fn(usize) -> f64),
     Repetitive,
     OpenEnded,
+    /// Tool-calling agent loops, chat ([`agent::episode`]).
+    Agent,
 }
 
 struct Scenario {
@@ -96,6 +118,14 @@ fn sim_scenarios() -> Vec<Scenario> {
             work: Work::Oracle(|i| if (i / 64) % 2 == 0 { 0.9 } else { 0.1 }),
         },
     ]
+}
+
+fn agent_scenario() -> Scenario {
+    Scenario {
+        name: "agent",
+        what: "agent loops: a question with tools, then its calls and results to quote",
+        work: Work::Agent,
+    }
 }
 
 fn text_scenarios() -> Vec<Scenario> {
@@ -247,11 +277,12 @@ const WORDS: &[&str] = &[
     "window",
 ];
 
-/// The request body of stream `i` in repeat `r` (same for every mode).
-fn body(sc: &Scenario, model: &str, tokens: u32, r: usize, i: usize, vocab: u32) -> Value {
+/// The requests stream `i` sends in repeat `r`, in order (same for every mode).
+fn bodies(sc: &Scenario, model: &str, tokens: u32, r: usize, i: usize, vocab: u32) -> Vec<Value> {
     let seed = (r as u64) << 32 | i as u64;
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
-    match sc.work {
+    let one = match sc.work {
+        Work::Agent => return agent::episode(model, tokens, seed),
         Work::Oracle(keep) => {
             let len = 120 + rng.usize(0..120);
             let prompt: Vec<u32> = (0..len).map(|_| rng.u32(4..vocab)).collect();
@@ -278,20 +309,41 @@ fn body(sc: &Scenario, model: &str, tokens: u32, r: usize, i: usize, vocab: u32)
                 .collect();
             json!({"model": model, "prompt": format!("Story {r}-{i}: {}", text.join(" ")), "max_tokens": tokens, "temperature": 0, "ignore_eos": true})
         }
-    }
+    };
+    vec![one]
 }
 
 #[derive(Default, Clone, serde::Serialize)]
 struct Sample {
     tps: Vec<f64>,
+    requests: u64,
     rounds: u64,
+    drafted: u64,
     accepted: u64,
+    /// Requests that ran no verify round (passed through, or relayed throughout).
+    unspeculated: u64,
     relay_tokens: u64,
     /// Tokens of `auto` requests that specd passed through untouched.
     passed_tokens: u64,
     tokens: u64,
     /// CPU time of the mode's specd process during its trials.
     cpu_s: f64,
+}
+
+impl Sample {
+    /// Add a measured trial.
+    fn add(&mut self, s: &Sample) {
+        self.tps.extend(&s.tps);
+        self.requests += s.requests;
+        self.rounds += s.rounds;
+        self.drafted += s.drafted;
+        self.accepted += s.accepted;
+        self.unspeculated += s.unspeculated;
+        self.relay_tokens += s.relay_tokens;
+        self.passed_tokens += s.passed_tokens;
+        self.tokens += s.tokens;
+        self.cpu_s += s.cpu_s;
+    }
 }
 
 /// CPU seconds used so far by all threads of a process (Linux: per-thread schedstat, in
@@ -310,66 +362,96 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ns as f64 * 1e-9)
 }
 
+/// One request: its time and answer.
+async fn send(c: &reqwest::Client, url: &str, b: Value) -> anyhow::Result<(Duration, Value)> {
+    let path = if b.get("messages").is_some() {
+        "/v1/chat/completions"
+    } else {
+        "/v1/completions"
+    };
+    let t = Instant::now();
+    let r = c.post(format!("{url}{path}")).json(&b).send().await?;
+    let status = r.status();
+    let v: Value = r.json().await?;
+    anyhow::ensure!(status.is_success(), "HTTP {status}: {v}");
+    Ok((t.elapsed(), v))
+}
+
+/// Each stream sends its requests one after the other (an agent loop's turns); its rate
+/// is all its tokens over all its time.
 async fn trial(
     c: &reqwest::Client,
     url: &str,
-    bodies: &[Value],
+    streams: &[Vec<Value>],
     mode: &Mode,
     s: &mut Sample,
 ) -> anyhow::Result<()> {
-    let calls = bodies.iter().map(|b| {
-        let mut b = b.clone();
-        let mut spec = mode.spec.clone();
-        if let (Some(o), Some(extra)) = (
-            spec.as_object_mut(),
-            b.get("speculation").and_then(Value::as_object),
-        ) {
-            for (k, v) in extra {
-                o.entry(k.clone()).or_insert(v.clone());
-            }
+    let calls = streams.iter().map(|reqs| async move {
+        let mut answers = Vec::with_capacity(reqs.len());
+        for b in reqs {
+            answers.push(send(c, url, with_mode(b, mode)).await?);
         }
-        b["speculation"] = spec;
-        async move {
-            let t = Instant::now();
-            let r = c
-                .post(format!("{url}/v1/completions"))
-                .json(&b)
-                .send()
-                .await?;
-            let status = r.status();
-            let v: Value = r.json().await?;
-            anyhow::ensure!(status.is_success(), "HTTP {status}: {v}");
-            Ok::<_, anyhow::Error>((t.elapsed(), v))
-        }
+        Ok::<_, anyhow::Error>(answers)
     });
     for r in join_all(calls).await {
-        let (dt, v) = r?;
-        let n = v
-            .pointer("/usage/completion_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
-        s.tps.push(n as f64 / dt.as_secs_f64());
-        s.tokens += n;
-        let sp = |k: &str| {
-            v.pointer(&format!("/usage/speculation/{k}"))
+        let answers = r?;
+        let time: f64 = answers.iter().map(|(dt, _)| dt.as_secs_f64()).sum();
+        let mut n_stream = 0;
+        for (dt, v) in &answers {
+            let n = v
+                .pointer("/usage/completion_tokens")
                 .and_then(Value::as_u64)
-                .unwrap_or(0)
-        };
-        if std::env::var_os("SPECD_BENCH_VERBOSE").is_some() {
-            eprintln!(
-                "   {:.0} ms {}",
-                dt.as_secs_f64() * 1e3,
-                v.pointer("/usage/speculation").unwrap_or(&Value::Null)
-            );
+                .unwrap_or(0);
+            n_stream += n;
+            count(s, mode, v, n, *dt);
         }
-        s.rounds += sp("rounds");
-        s.accepted += sp("accepted_tokens");
-        s.relay_tokens += sp("relay_tokens");
-        if mode.spec["mode"] == "auto" && v.pointer("/usage/speculation").is_none() {
-            s.passed_tokens += n;
-        }
+        s.tps.push(n_stream as f64 / time.max(1e-9));
     }
     Ok(())
+}
+
+/// The body with the mode's `speculation` (what the body itself asks for kept).
+fn with_mode(b: &Value, mode: &Mode) -> Value {
+    let mut b = b.clone();
+    let mut spec = mode.spec.clone();
+    if let (Some(o), Some(extra)) = (
+        spec.as_object_mut(),
+        b.get("speculation").and_then(Value::as_object),
+    ) {
+        for (k, v) in extra {
+            o.entry(k.clone()).or_insert(v.clone());
+        }
+    }
+    b["speculation"] = spec;
+    b
+}
+
+/// Add one answer's `usage` to the sample.
+fn count(s: &mut Sample, mode: &Mode, v: &Value, n: u64, dt: Duration) {
+    s.tokens += n;
+    s.requests += 1;
+    let sp = |k: &str| {
+        v.pointer(&format!("/usage/speculation/{k}"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    if std::env::var_os("SPECD_BENCH_VERBOSE").is_some() {
+        eprintln!(
+            "   {:.0} ms {}",
+            dt.as_secs_f64() * 1e3,
+            v.pointer("/usage/speculation").unwrap_or(&Value::Null)
+        );
+    }
+    s.rounds += sp("rounds");
+    s.drafted += sp("draft_tokens");
+    s.accepted += sp("accepted_tokens");
+    s.relay_tokens += sp("relay_tokens");
+    if sp("rounds") == 0 {
+        s.unspeculated += 1;
+    }
+    if mode.spec["mode"] == "auto" && v.pointer("/usage/speculation").is_none() {
+        s.passed_tokens += n;
+    }
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -380,66 +462,48 @@ fn mean(v: &[f64]) -> f64 {
     }
 }
 
+/// The scenarios to run: the sim's or the text ones, `agent` only when named.
+fn chosen(a: &BenchArgs) -> Vec<Scenario> {
+    let mut all = match a.upstream {
+        Some(_) => text_scenarios(),
+        None => sim_scenarios(),
+    };
+    all.push(agent_scenario());
+    all.into_iter()
+        .filter(|s| match a.only.is_empty() {
+            true => !matches!(s.work, Work::Agent),
+            false => a.only.iter().any(|o| o == s.name),
+        })
+        .collect()
+}
+
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let bin = match &a.specd {
         Some(p) => p.clone(),
         None => std::env::current_exe()?.with_file_name("specd"),
-    };
-    let tokenizer = a
-        .tokenizer
-        .clone()
-        .unwrap_or_else(|| specd::config::cache_dir().join("models/target"));
-    let (upstream, scenarios, drafter, _sim) = match &a.upstream {
-        Some(u) => (u.clone(), text_scenarios(), a.drafter.clone(), None),
-        None => {
-            let (addr, task) = server::start(ServeArgs {
-                listen: "127.0.0.1:0".parse()?,
-                tokenizer: tokenizer.clone(),
-                model: "specd-sim".into(),
-                cost: a.cost.clone(),
-            })
-            .await?;
-            (
-                format!("http://{addr}"),
-                sim_scenarios(),
-                "oracle".to_string(),
-                Some(task),
-            )
-        }
     };
     let c = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .pool_idle_timeout(Duration::from_secs(3))
         .timeout(Duration::from_secs(600))
         .build()?;
-    let info: Value = c
-        .get(format!("{upstream}/v1/models"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let model = info
-        .pointer("/data/0/id")
-        .and_then(Value::as_str)
-        .context("upstream serves no model")?
-        .to_string();
-    let modes = modes(&a, &drafter);
+    let labels = modes(&a, &a.drafter);
     let mut rows = Vec::new();
-    for sc in scenarios
-        .iter()
-        .filter(|s| a.only.is_empty() || a.only.iter().any(|o| o == s.name))
-    {
+    for sc in chosen(&a) {
         eprintln!("== {} ({})", sc.name, sc.what);
+        let t = target::target(&a, &sc, &c).await?;
+        let modes = modes(&a, &t.drafter);
         // One specd per mode: each learns only from its own traffic, and draft stores never
         // hold another mode's output for the same prompt.
-        let mut extra = vec!["--enable-test-drafters".to_string()];
-        if a.upstream.is_none() {
-            extra.extend(["--tokenizer".into(), tokenizer.display().to_string()]);
-        }
         let mut procs = Vec::new();
         for m in &modes {
-            let args: Vec<String> = extra.iter().chain(&m.args).cloned().collect();
-            procs.push(start_specd(&bin, &upstream, &args)?);
+            let args: Vec<String> = ["--enable-test-drafters".to_string()]
+                .iter()
+                .chain(&t.specd_args)
+                .chain(&m.args)
+                .cloned()
+                .collect();
+            procs.push(start_specd(&bin, &t.url, &args)?);
         }
         for p in &procs {
             wait_ready(&c, &p.url).await?;
@@ -447,15 +511,15 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         for &conc in &a.concurrency {
             let mut samples = vec![Sample::default(); modes.len()];
             for r in 0..=a.repeats {
-                let bodies: Vec<Value> = (0..conc)
-                    .map(|i| body(sc, &model, a.tokens, r + conc * 1000, i, a.cost.vocab))
+                let streams: Vec<Vec<Value>> = (0..conc)
+                    .map(|i| bodies(&sc, &t.model, a.tokens, r + conc * 1000, i, a.cost.vocab))
                     .collect();
                 for j in 0..modes.len() {
                     let m = (j + r) % modes.len();
                     let mut s = Sample::default();
                     let pid = procs[m].child.id();
                     let cpu0 = cpu_seconds(pid);
-                    trial(&c, &procs[m].url, &bodies, &modes[m], &mut s).await?;
+                    trial(&c, &procs[m].url, &streams, &modes[m], &mut s).await?;
                     if let (Some(a), Some(b)) = (cpu0, cpu_seconds(pid)) {
                         s.cpu_s = b - a;
                     }
@@ -466,82 +530,18 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                         if r == 0 { " (warm-up)" } else { "" }
                     );
                     if r > 0 {
-                        let t = &mut samples[m];
-                        t.tps.extend(&s.tps);
-                        t.rounds += s.rounds;
-                        t.accepted += s.accepted;
-                        t.relay_tokens += s.relay_tokens;
-                        t.passed_tokens += s.passed_tokens;
-                        t.tokens += s.tokens;
-                        t.cpu_s += s.cpu_s;
+                        samples[m].add(&s);
                     }
                 }
             }
             rows.push((sc.name, conc, samples));
         }
     }
-    print_table(&modes, &rows);
+    table::print(&labels, &rows);
     if let Some(p) = &a.json {
         let v: Vec<Value> = rows.iter().map(|(n, c, s)| json!({"scenario": n, "streams": c,
-            "modes": modes.iter().zip(s).map(|(m, s)| json!({"mode": m.label, "tokens_per_s_per_stream": mean(&s.tps), "samples": s})).collect::<Vec<_>>()})).collect();
+            "modes": labels.iter().zip(s).map(|(m, s)| json!({"mode": m.label, "tokens_per_s_per_stream": mean(&s.tps), "samples": s})).collect::<Vec<_>>()})).collect();
         std::fs::write(p, serde_json::to_string_pretty(&v)?)?;
     }
     Ok(())
-}
-
-fn print_table(modes: &[Mode], rows: &[(&str, usize, Vec<Sample>)]) {
-    let mut head = format!("| {:<11} | {:>7} |", "scenario", "streams");
-    for m in modes {
-        head.push_str(&format!(" {:>7} |", m.label));
-    }
-    head.push_str(" auto/best | auto/plain | tok/round K=4 | auto relay % | auto passed % |");
-    println!("\ntokens/s per stream (mean over streams and repeats)\n");
-    println!("{head}");
-    println!("|{}", "---|".repeat(modes.len() + 7));
-    for (name, conc, s) in rows {
-        let tps: Vec<f64> = s.iter().map(|x| mean(&x.tps)).collect();
-        let auto = tps.last().copied().unwrap_or(0.0);
-        // The best of plain decoding and the static K.
-        let best = modes
-            .iter()
-            .zip(&tps)
-            .filter(|(m, _)| m.label == "plain" || m.label.starts_with("K="))
-            .map(|(_, t)| *t)
-            .fold(0.0, f64::max);
-        let plain = tps.first().copied().unwrap_or(0.0);
-        let mut line = format!("| {name:<11} | {conc:>7} |");
-        for t in &tps {
-            line.push_str(&format!(" {t:>7.1} |"));
-        }
-        let k4 = modes.iter().position(|m| m.label == "K=4").map(|i| &s[i]);
-        let per_round = k4.filter(|x| x.rounds > 0).map_or(f64::NAN, |x| {
-            (x.accepted + x.rounds) as f64 / x.rounds as f64
-        });
-        let a = s.last().cloned().unwrap_or_default();
-        let relay = 100.0 * a.relay_tokens as f64 / a.tokens.max(1) as f64;
-        let passed = 100.0 * a.passed_tokens as f64 / a.tokens.max(1) as f64;
-        line.push_str(&format!(
-            " {:>9.2} | {:>10.2} | {per_round:>13.2} | {relay:>12.0} | {passed:>13.0} |",
-            auto / best.max(1e-9),
-            auto / plain.max(1e-9)
-        ));
-        println!("{line}");
-    }
-    let mut head = format!("| {:<11} | {:>7} |", "scenario", "streams");
-    for m in modes {
-        head.push_str(&format!(" {:>7} |", m.label));
-    }
-    println!("\nspecd CPU time per token, µs (all threads of each mode's specd)\n");
-    println!("{head}");
-    println!("|{}", "---|".repeat(modes.len() + 2));
-    for (name, conc, s) in rows {
-        let mut line = format!("| {name:<11} | {conc:>7} |");
-        for x in s {
-            line.push_str(&format!(
-                " {:>7.1} |",
-                1e6 * x.cpu_s / x.tokens.max(1) as f64
-            ));
-        }
-        println!("{line}");
-    }
 }
