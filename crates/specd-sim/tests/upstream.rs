@@ -141,3 +141,60 @@ async fn the_latency_model_answers_on_its_clock() {
         "{m}"
     );
 }
+
+async fn post_to(up: &Upstream, path: &str, body: &Value) -> Value {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", up.url))
+        .json(body)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 200);
+    r.json().await.expect("json")
+}
+
+#[tokio::test]
+async fn chat_answers_continue_the_rendered_prompt() {
+    let up = start(Tokens::Cyclic, Timing::Immediate).await;
+    let chat = json!({"messages": [
+        {"role": "user", "content": "w300 w301"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+         "function": {"name": "w7", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "w302 w303"}],
+        "tools": [{"type": "function", "function": {"name": "w7", "description": "w8"}}],
+        "max_tokens": 5});
+    let t = post_to(&up, "/tokenize", &chat).await;
+    let prompt = t["tokens"].clone();
+    let whole = post_to(&up, "/v1/chat/completions", &chat).await;
+    let text = post_to(
+        &up,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(
+        whole["choices"][0]["message"]["content"],
+        text["choices"][0]["text"]
+    );
+    assert_eq!(whole["usage"]["prompt_tokens"], t["count"]);
+    assert_eq!(whole["object"], "chat.completion");
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", up.url))
+        .json(&streamed)
+        .send()
+        .await
+        .expect("stream");
+    let body = r.text().await.expect("body");
+    // One token per delta; this word-level tokenizer joins words with spaces.
+    let deltas: Vec<String> = body
+        .split("\n\n")
+        .filter_map(|e| serde_json::from_str::<Value>(e.strip_prefix("data: ")?).ok())
+        .filter_map(|v| Some(v.pointer("/choices/0/delta/content")?.as_str()?.to_string()))
+        .collect();
+    assert_eq!(
+        Some(deltas.join(" ").as_str()),
+        text["choices"][0]["text"].as_str()
+    );
+}
