@@ -15,7 +15,8 @@
 # agent-vllm  the same loops against a real vLLM on the CPU serving `agent-tools` with
 #         `--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser
 #         deepseek_r1` (its own server, `specd-bench-agent-tools`; stopped afterwards
-#         unless SPECD_BENCH_KEEP=1), specd with the same parser flags.
+#         unless SPECD_BENCH_KEEP=1), specd with the same parser flags; 1 and 4 streams
+#         (SPECD_BENCH_CONCURRENCY).
 # suffix  time per proposal and memory of the suffix drafter.
 #
 # Extra arguments after the suite go to `specd-bench scenarios` (e.g. --static-k 4 --with-watched;
@@ -61,7 +62,7 @@ run_agent_vllm() {
     "$bin/specd-bench" scenarios --upstream "$up" --only agent \
         --drafter "${SPECD_BENCH_DRAFTER:-suffix}" --reasoning-parser deepseek_r1 \
         --tokens "${SPECD_BENCH_TOKENS:-128}" --repeats "${SPECD_BENCH_REPEATS:-6}" \
-        --json "$out/agent-vllm.json" "$@"
+        --concurrency "${SPECD_BENCH_CONCURRENCY:-1,4}" --json "$out/agent-vllm.json" "$@"
 }
 
 run_suffix() {
