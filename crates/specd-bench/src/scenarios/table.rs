@@ -81,6 +81,12 @@ fn acceptance(modes: &[Mode], rows: &[(&str, usize, Vec<Sample>)]) {
                 x.unspeculated,
                 x.requests
             ));
+            if modes[i].label.starts_with("K=") && x.unspeculated > 0 {
+                eprintln!(
+                    "warning: {name}, {conc} streams, {}: {} of {} requests ran no verify round (not speculated)",
+                    modes[i].label, x.unspeculated, x.requests
+                );
+            }
         }
         println!("{line}");
     }
