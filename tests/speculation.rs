@@ -338,11 +338,15 @@ async fn seeded_sampling_is_reproducible() {
 
 /// The `model` drafter (CPU): output stays identical to direct vLLM, and the target used
 /// as its own draft is accepted almost always (a check of the draft forward against vLLM).
+/// The bound is 0.8, not 1: the test target has random weights, 18 % of its greedy steps
+/// have a top-two logit gap under 1e-2, and vLLM's CPU kernels round float32 differently
+/// from candle's on some CPUs (0.90 measured on an AVX512-BF16 EPYC, over 0.95 on
+/// others); a draft context that drifts from the target's scores far lower.
 #[tokio::test]
 async fn model_drafter_is_lossless_and_target_as_draft_is_accepted() {
     let up = upstream();
     let models = models_dir().display().to_string();
-    for (dir, min_rate) in [("target", 0.95), ("draft", 0.0)] {
+    for (dir, min_rate) in [("target", 0.8), ("draft", 0.0)] {
         let path = format!("{models}/{dir}");
         let specd = Specd::start_ready(
             &up,
