@@ -6,7 +6,9 @@
 #   relay        `auto` with hopeless drafts (every request watched): specd decodes and
 #                re-encodes each token, drafts and decides beside it
 # With STRACE=1 it also counts the process's system calls (futex per token shows task
-# hand-offs). Build first: cargo build --release --bin specd --bin specd-sim
+# hand-offs). With CALLGRIND=1 specd runs under valgrind's callgrind and the line gives
+# instructions per token instead (repeatable where CPU time is not; N=3 is enough).
+# Build first: cargo build --release --bin specd --bin specd-sim
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${SPECD_RELEASE_DIR:-target/release}
@@ -23,10 +25,12 @@ wait_line() { for _ in $(seq 150); do grep -q "$2" "$1" && return 0; sleep 0.2; 
 SIM=$!
 wait_line "$work/sim.out" "127.0.0.1:[0-9]" || { echo "specd-sim did not start" >&2; exit 1; }
 UP=http://$(grep -o "127.0.0.1:[0-9]*" "$work/sim.out" | head -1)
-"$SPECD" serve --upstream "$UP" --listen 127.0.0.1:0 --enable-test-drafters --tokenizer "$TOK" \
+VG=()
+[ "${CALLGRIND:-}" = 1 ] && VG=(valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p")
+"${VG[@]}" "$SPECD" serve --upstream "$UP" --listen 127.0.0.1:0 --enable-test-drafters --tokenizer "$TOK" \
     --controller-watch-every 1 > "$work/specd.out" 2>&1 &
 SP=$!
-wait_line "$work/specd.out" "api listening on" || { echo "specd did not start" >&2; exit 1; }
+wait_line "$work/specd.out" "api listening on" || wait_line "$work/specd.out" "api listening on" || { echo "specd did not start" >&2; exit 1; }
 URL=$(grep -o "api listening on http://127.0.0.1:[0-9]*" "$work/specd.out" | grep -o "http.*")
 until curl -sf "$URL/readyz" >/dev/null; do sleep 0.3; done
 
@@ -40,6 +44,7 @@ measure() {
         strace -f -c -p "$SP" -o "$work/strace" 2>/dev/null & st=$!
         sleep 1
     fi
+    [ ${#VG[@]} -gt 0 ] && callgrind_control -z "$SP" >/dev/null 2>&1
     t0=$(ticks)
     for _ in $(seq "$N"); do
         curl -s "$URL/v1/completions" -H 'content-type: application/json' -d "$body" > "$work/last.sse"
@@ -52,10 +57,19 @@ measure() {
         kill -INT "$st"; wait "$st" 2>/dev/null
         extra=$(awk -v n=$tokens '$NF=="futex"{f=$4} $NF=="total"{t=$4} END {printf " syscalls/token %.2f, futex/token %.2f", t/n, f/n}' "$work/strace")
     fi
+    if [ ${#VG[@]} -gt 0 ]; then
+        callgrind_control -d "$name" "$SP" >/dev/null 2>&1
+        sleep 1
+        dumps=$((dumps + 1))
+        local ir
+        ir=$(grep -h '^summary:' "$work"/cg.*."$dumps" | awk '{print $2}')
+        extra=$(awk -v i="$ir" -v n=$tokens 'BEGIN {printf " instructions/token %.1f k", i / n / 1000}')
+    fi
     local relayed
     relayed=$(grep -o '"relay_tokens":[0-9]*' "$work/last.sse" | tail -1 | cut -d: -f2)
     awk -v name="$name" -v d=$((t1 - t0)) -v hz="$hz" -v n=$tokens -v r="${relayed:--}" -v x="$extra" \
         'BEGIN {printf "%-12s %6.1f us/token (%d tokens, relayed of the last 400: %s)%s\n", name, d / hz * 1e6 / n, n, r, x}'
 }
+dumps=0
 measure passthrough '{"mode":"off"}'
 measure relay '{"mode":"auto","drafter":"adversarial","oracle_tokens":[5,6,7,8,9,10,11,12]}'

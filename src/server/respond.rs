@@ -140,10 +140,17 @@ struct StreamState {
     outcome: Outcome,
 }
 
-fn sse(body: &output::Body<'_>) -> Bytes {
-    // Serializing these typed bodies cannot fail (string keys, no maps of non-strings).
-    let json = serde_json::to_string(body).unwrap_or_default();
-    Bytes::from(format!("data: {json}\n\n"))
+/// Append `body` to `out` as one SSE event, serialized in place (no copy of the JSON).
+fn sse(out: &mut Vec<u8>, body: &output::Body<'_>) {
+    let start = out.len();
+    out.extend_from_slice(b"data: ");
+    // Serializing these typed bodies cannot fail (string keys, no maps of non-strings);
+    // were it to, the event is left out whole.
+    if serde_json::to_writer(&mut *out, body).is_err() {
+        out.truncate(start);
+        return;
+    }
+    out.extend_from_slice(b"\n\n");
 }
 
 fn stream_response(
@@ -168,10 +175,11 @@ fn stream_response(
         if s.finished {
             return None;
         }
-        let mut out: Vec<u8> = Vec::new();
+        // Room for a usual chunk, so that serializing it rarely grows the buffer.
+        let mut out: Vec<u8> = Vec::with_capacity(512);
         if s.first_chunk && s.shape.endpoint == Endpoint::Chat {
             let role = s.shape.chunk("", Parsed::default(), None, None, true);
-            out.extend_from_slice(&sse(&role));
+            sse(&mut out, &role);
             s.first_chunk = false;
         }
         let ev = match s.pending.take() {
@@ -201,7 +209,7 @@ fn stream_response(
                         calls: calls.as_ref(),
                     };
                     let chunk = s.shape.chunk(&text, parsed, lp, None, s.first_chunk);
-                    out.extend_from_slice(&sse(&chunk));
+                    sse(&mut out, &chunk);
                     s.first_chunk = false;
                 }
                 s.outcome.tokens(tokens.len() as u64);
@@ -220,18 +228,15 @@ fn stream_response(
                     split: split.as_ref(),
                     calls: calls.as_ref(),
                 };
-                out.extend_from_slice(&sse(&s.shape.chunk(
-                    &text,
-                    parsed,
-                    lp,
-                    Some(&finish),
-                    s.first_chunk,
-                )));
+                let chunk = s
+                    .shape
+                    .chunk(&text, parsed, lp, Some(&finish), s.first_chunk);
+                sse(&mut out, &chunk);
                 s.outcome.tokens(tokens.len() as u64);
                 if s.include_usage {
                     let counted = split.as_ref().and_then(|p| p.counted);
                     let thought = s.shape.reasoning_tokens(s.ids.iter().copied(), counted);
-                    out.extend_from_slice(&sse(&s.shape.usage_chunk(&stats, thought)));
+                    sse(&mut out, &s.shape.usage_chunk(&stats, thought));
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
                 s.outcome.complete();

@@ -62,6 +62,8 @@ pub struct Generation<'t> {
     pub generated: u32,
     /// Text released for the client since the last `take`.
     text: String,
+    /// The text one token releases (reused from token to token).
+    scratch: String,
     tokens: Vec<Sample>,
     /// With a reasoning parser: the same text, split as vLLM streams it.
     reasoning: Option<(StreamSplit, Split)>,
@@ -90,6 +92,7 @@ impl<'t> Generation<'t> {
             stops,
             generated: 0,
             text: String::new(),
+            scratch: String::new(),
             tokens: Vec::new(),
             reasoning: None,
             tools: None,
@@ -121,9 +124,12 @@ impl<'t> Generation<'t> {
     /// Add one generated token; `Some` when generation ends with it.
     pub fn push(&mut self, s: Sample) -> Option<Finish> {
         let id = s.id;
-        let mut released = String::new();
+        // One buffer for every token's released text, not a String per token.
+        let mut released = std::mem::take(&mut self.scratch);
+        released.clear();
         let finish = self.step(s, &mut released);
         self.release(id, &released, finish.is_some());
+        self.scratch = released;
         finish
     }
 

@@ -4,6 +4,7 @@
 pub mod detect;
 pub mod load;
 pub mod prom_text;
+pub mod relay_chunk;
 pub mod sglang;
 pub mod sse;
 pub mod tokenizer_check;

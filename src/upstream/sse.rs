@@ -15,28 +15,15 @@ impl SseParser {
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
         self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
-        while let Some((end, sep)) = find_event_end(&self.buf) {
-            let event: Vec<u8> = self.buf.drain(..end + sep).collect();
-            let event = &event[..end];
-            let mut data: Option<String> = None;
-            for line in event.split(|&b| b == b'\n') {
-                let line = line.strip_suffix(b"\r").unwrap_or(line);
-                if let Some(rest) = line.strip_prefix(b"data:") {
-                    let rest = rest.strip_prefix(b" ").unwrap_or(rest);
-                    let text = String::from_utf8_lossy(rest);
-                    match &mut data {
-                        Some(d) => {
-                            d.push('\n');
-                            d.push_str(&text);
-                        }
-                        None => data = Some(text.into_owned()),
-                    }
-                }
-            }
-            if let Some(d) = data {
+        // Events are read in place and the buffer is cut once: no copy per event.
+        let mut start = 0;
+        while let Some((end, sep)) = find_event_end(&self.buf[start..]) {
+            if let Some(d) = event_data(&self.buf[start..start + end]) {
                 out.push(d);
             }
+            start += end + sep;
         }
+        self.buf.drain(..start);
         out
     }
 
@@ -44,6 +31,30 @@ impl SseParser {
     pub fn pending(&self) -> usize {
         self.buf.len()
     }
+}
+
+/// The data of one event (its `data:` lines joined by newlines), if it has any.
+fn event_data(event: &[u8]) -> Option<String> {
+    let mut data: Option<String> = None;
+    for line in event.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(rest) = line.strip_prefix(b"data:") {
+            let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+            // Valid UTF-8 (the usual case) is checked by the fast validator.
+            let text = match std::str::from_utf8(rest) {
+                Ok(t) => std::borrow::Cow::Borrowed(t),
+                Err(_) => String::from_utf8_lossy(rest),
+            };
+            match &mut data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(&text);
+                }
+                None => data = Some(text.into_owned()),
+            }
+        }
+    }
+    data
 }
 
 /// Position of the blank line ending the first event, and the separator's length.

@@ -10,6 +10,7 @@ use futures_util::{FutureExt, StreamExt};
 use http::HeaderValue;
 use serde_json::{json, Map, Value};
 
+use super::relay_chunk::{self, RelayChunk};
 use super::sse::SseParser;
 use super::verify::{
     position_seed, Backend, RelayRequest, Sample, SampleStream, Sampling, Tokenized, VerifyRequest,
@@ -84,7 +85,7 @@ fn base_body(model: &str, sampling: &Sampling, token_ids: bool) -> Map<String, V
 }
 
 /// The sampled ids of a choice from `token_ids` (no logprobs asked), or from `logprobs`.
-fn choice_samples(c: &Value, want_top: bool) -> Option<Vec<Sample>> {
+pub(super) fn choice_samples(c: &Value, want_top: bool) -> Option<Vec<Sample>> {
     if let Some(lp) = c.get("logprobs").filter(|lp| !lp.is_null()) {
         let n = lp.get("tokens").and_then(Value::as_array)?.len();
         return (0..n).map(|i| sample_at(lp, i, want_top)).collect();
@@ -299,47 +300,29 @@ impl VllmBackend {
                     if data == "[DONE]" {
                         return;
                     }
-                    let v: Value = match serde_json::from_str(&data) {
-                        Ok(v) => v,
+                    let err = match relay_chunk::read(&data, want_top) {
+                        Ok(RelayChunk::Samples(samples)) => {
+                            for s in samples {
+                                tx.send(Ok(s)).await;
+                            }
+                            continue;
+                        }
+                        // A usage-only or finish chunk carries no tokens.
+                        Ok(RelayChunk::Empty) => continue,
+                        Ok(RelayChunk::Error(message)) => ApiError::Upstream {
+                            status: 500,
+                            message,
+                        },
+                        Ok(RelayChunk::NoIds) => {
+                            ApiError::UpstreamProtocol("relay chunk without token id".into())
+                        }
                         Err(e) => {
                             up.count_error("protocol");
-                            tx.send(Err(ApiError::UpstreamProtocol(format!(
-                                "bad relay chunk: {e}"
-                            ))))
-                            .await;
-                            return;
+                            ApiError::UpstreamProtocol(format!("bad relay chunk: {e}"))
                         }
                     };
-                    if let Some(msg) = v.pointer("/error/message").and_then(Value::as_str) {
-                        tx.send(Err(ApiError::Upstream {
-                            status: 500,
-                            message: msg.to_string(),
-                        }))
-                        .await;
-                        return;
-                    }
-                    let Some(c) = v.pointer("/choices/0") else {
-                        continue;
-                    };
-                    let has_text = c
-                        .get("text")
-                        .and_then(Value::as_str)
-                        .is_some_and(|t| !t.is_empty());
-                    let samples = match choice_samples(c, want_top) {
-                        Some(s) => s,
-                        // A usage-only or finish chunk carries no tokens.
-                        None if !has_text => continue,
-                        None => {
-                            tx.send(Err(ApiError::UpstreamProtocol(
-                                "relay chunk without token id".into(),
-                            )))
-                            .await;
-                            return;
-                        }
-                    };
-                    for s in samples {
-                        tx.send(Ok(s)).await;
-                    }
+                    tx.send(Err(err)).await;
+                    return;
                 }
             }
         });

@@ -179,7 +179,7 @@ impl<'a> Driver<'a> {
     pub(super) async fn emit(
         &mut self,
         gen: &mut Generation<'_>,
-        samples: Vec<Sample>,
+        samples: impl IntoIterator<Item = Sample>,
     ) -> Result<Option<Finish>, ApiError> {
         let mut finish = None;
         for s in samples {

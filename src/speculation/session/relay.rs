@@ -49,6 +49,8 @@ pub(super) async fn relay(
                 max_tokens: gen.remaining(),
             })
             .await?;
+    // The counter is looked up once per segment, not per token.
+    let relay_tokens = l.d.metrics.output_tokens.with_label_values(&["relay"]);
     let result = loop {
         let t = ctl.now();
         let item = stream.next().await;
@@ -66,13 +68,10 @@ pub(super) async fn relay(
         let id = s.id;
         tracker.arrived(&ctl, now);
         let before = gen.generated;
-        let finish = l.emit(gen, vec![s]).await?;
+        let finish = l.emit(gen, std::iter::once(s)).await?;
         let relayed = gen.generated - before;
         l.stats.relay_tokens += relayed;
-        l.d.metrics
-            .output_tokens
-            .with_label_values(&["relay"])
-            .inc_by(u64::from(relayed));
+        relay_tokens.inc_by(u64::from(relayed));
         if let Some(f) = finish {
             break Ok(RelayEnd::Done(f));
         }
