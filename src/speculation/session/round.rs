@@ -66,7 +66,7 @@ pub(super) async fn speculate(
     }
     let proposal = match pending {
         Some(p) => cut(p, k_cap),
-        None => l.propose(k_cap).await,
+        None => l.propose(k_cap, false).await,
     };
     let k = match decide(l, gen, &proposal, decided) {
         Decision::Speculate(k) => k,
@@ -105,6 +105,7 @@ pub(super) async fn speculate(
     let before = gen.generated;
     let emitted: Vec<Sample> = v.samples.into_iter().take(n + 1).collect();
     let finish = l.emit(gen, emitted).await?;
+    l.ctl.advance(gen.generated - before);
     record_round(
         l,
         RoundRecord {
