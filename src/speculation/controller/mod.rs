@@ -52,7 +52,7 @@
 //! - `relay.rs` — the relay tracker: a relaying stream's per-token measurements and checks.
 //! - `pacing.rs` — which drafters draft for a proposal: proposals not expected to be
 //!   verified (shadow proposals, a costly drafter's beside a cheaper winner) get a small
-//!   share of the stream's time, set by each drafter's cost against T_dec.
+//!   share of the stream's time, by each drafter's measured cost.
 //! - `clock.rs` — the time every estimate is stamped with: the system clock in
 //!   production, a virtual one in the tests and the simulation harness.
 //!
@@ -195,8 +195,7 @@ pub struct StreamCtl {
     rng: fastrand::Rng,
     /// This stream's entry in the batch verdict (see `batch.rs`).
     batch: Option<batch::Slot>,
-    /// Tokens emitted so far, and per drafter when it last drafted (see `pacing.rs`).
-    tokens: u32,
+    /// Per drafter, when it last drafted (see `pacing.rs`).
     pace: [pacing::Pace; DrafterKind::COUNT],
 }
 
@@ -208,7 +207,6 @@ impl StreamCtl {
             may_relay,
             rng: fastrand::Rng::with_seed(seed),
             batch: None,
-            tokens: 0,
             pace: Default::default(),
         }
     }

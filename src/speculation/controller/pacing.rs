@@ -1,22 +1,26 @@
 //! Drafter pacing: which drafters draft for a proposal. A proposal nobody expects to
 //! verify — a shadow proposal while relaying, or a costly drafter's beside a cheaper
 //! drafter's expected to win the round — is drafted only to keep that drafter's estimates
-//! current, so it gets a small share of the stream's time: one proposal per `stride`
-//! tokens, the stride set by the drafter's measured cost against the decode cost. A draft
-//! model on the upstream's own CPU takes that time from the upstream's decoding, which no
-//! estimate of specd's own cost sees; the share bounds it. A drafter expected to pay is
-//! checked more often (its proposal may end a relay), and in a round it drafts whenever it
-//! is expected to beat the best proposal drafted already.
+//! current, so it gets a small share of the stream's time: the drafter drafts again once
+//! its measured cost is that share of the time since its last proposal. A draft model on
+//! the upstream's own CPU takes that time from the upstream's decoding, which no estimate
+//! of specd's own cost sees; the share bounds it. A drafter expected to pay is checked
+//! more often (its proposal may end a relay), and in a round it drafts whenever it is
+//! expected to beat the best proposal drafted already. A drafter whose cost is within the
+//! shadow share of one decode step drafts every time.
+
+use std::time::Instant;
 
 use super::{Controller, StreamCtl};
 use crate::draft::{DrafterKind, Proposal};
 
-/// Share of the stream's decode time a drafter not expected to pay may spend drafting.
+/// Share of the stream's time a drafter not expected to pay may spend drafting.
 pub const SHADOW_SHARE: f64 = 0.03;
 /// The same for a drafter expected to pay (relaying: its proposal may end the relay).
 pub const PAYING_SHARE: f64 = 0.25;
-/// Most tokens between two proposals of one drafter (its estimates must not go stale).
-pub const MAX_STRIDE: u32 = 64;
+/// Longest wait between two proposals of one drafter, in decode steps (its estimates must
+/// not go stale).
+pub const MAX_STRIDE: f64 = 64.0;
 
 /// What a drafter's next proposal competes with.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,25 +34,17 @@ pub enum Rival {
 /// One drafter's pacing in one stream.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Pace {
-    /// The stream's token count when the drafter last drafted (None: not yet).
-    at: Option<u32>,
+    /// When the drafter last drafted for the stream (None: not yet).
+    at: Option<Instant>,
     /// Confidences of its last proposal: its next one is valued by them before it exists.
     shape: Vec<f32>,
-}
-
-impl StreamCtl {
-    /// `n` more tokens of the stream were emitted (relayed or verified).
-    pub fn advance(&mut self, n: u32) {
-        self.tokens = self.tokens.saturating_add(n);
-    }
 }
 
 impl Controller {
     /// `drafter` drafted `p` for this stream now.
     pub fn drafted(&self, s: &mut StreamCtl, drafter: DrafterKind, p: &Proposal) {
-        let tokens = s.tokens;
         let pace = &mut s.pace[drafter.index()];
-        pace.at = Some(tokens);
+        pace.at = Some(self.now());
         pace.shape.clone_from(&p.confidence);
     }
 
@@ -111,45 +107,42 @@ impl Controller {
         Rival::Rate(best)
     }
 
-    /// Tokens between proposals of `drafter` drafting `share` of the decode time; 1 while
-    /// its cost or the decode cost is unknown.
-    fn stride(&self, drafter: DrafterKind, share: f64) -> u32 {
-        let cost = self.costs.draft_seconds(drafter).unwrap_or(0.0);
-        let dec = self.decode_cost_estimate(self.load()).unwrap_or(0.0);
-        if cost <= 0.0 || dec <= 0.0 {
-            return 1;
-        }
-        // `as` saturates, so a huge ratio lands on the clamp.
-        ((cost / (share * dec)).ceil() as u32).clamp(1, MAX_STRIDE)
-    }
-
-    /// Cheap enough to draft for every proposal: its shadow proposals fit the shadow share
-    /// at a stride of one token (or it is not measured yet).
+    /// Cheap enough to draft for every proposal: its cost is within the shadow share of
+    /// one decode step (or either is not measured yet).
     pub fn drafts_cheaply(&self, drafter: DrafterKind) -> bool {
-        self.stride(drafter, SHADOW_SHARE) <= 1
+        let cost = self.costs.draft_seconds(drafter);
+        let dec = self.decode_cost_estimate(self.load());
+        match (cost, dec) {
+            (Some(cost), Some(dec)) => cost <= SHADOW_SHARE * dec,
+            _ => true,
+        }
     }
 
-    /// Should `drafter` draft for the stream's next proposal, competing with `rival`?
-    /// Relaying: once its stride has passed (the paying share when expected to beat plain
-    /// decoding, else the shadow share). In a round: at once when expected to beat the
-    /// best proposal drafted already, else once its shadow stride has passed.
+    /// Should `drafter` draft for the stream's next proposal, competing with `rival`? A
+    /// cheap one always. Relaying: once its cost is its share of the time since its last
+    /// proposal (the paying share when expected to beat plain decoding, else the shadow
+    /// share). In a round: at once when expected to beat the best proposal drafted
+    /// already, else at the shadow share.
     pub fn draft_due(&self, s: &StreamCtl, drafter: DrafterKind, rival: Rival) -> bool {
         let Some(at) = s.pace[drafter.index()].at else {
             return true;
         };
-        let Some(dec) = self.decode_cost_estimate(self.load()) else {
+        let (Some(cost), Some(dec)) = (
+            self.costs.draft_seconds(drafter),
+            self.decode_cost_estimate(self.load()),
+        ) else {
             return true;
         };
-        if self.drafts_cheaply(drafter) {
+        if cost <= SHADOW_SHARE * dec {
             return true;
         }
-        let wins = self.expected_to_win(s, drafter, rival, dec);
-        let share = match (rival, wins) {
+        let share = match (rival, self.expected_to_win(s, drafter, rival, dec)) {
             (Rival::Rate(_), true) => return true,
             (Rival::Plain, true) => PAYING_SHARE,
             (_, false) => SHADOW_SHARE,
         };
-        s.tokens.saturating_sub(at) >= self.stride(drafter, share)
+        let wait = (cost / share).min(MAX_STRIDE * dec);
+        self.now().saturating_duration_since(at).as_secs_f64() >= wait
     }
 }
 

@@ -109,7 +109,7 @@ fn shadow_proposals_of_a_costly_drafter_keep_to_their_share() {
         "{costly} proposals of the draft model: {share:.3} of the relayed time"
     );
     assert!(
-        costly >= 1000 / MAX_STRIDE,
+        f64::from(costly) >= 1000.0 / MAX_STRIDE,
         "its estimates must stay current: {costly} proposals"
     );
 }
@@ -128,11 +128,18 @@ fn a_costly_drafter_expected_to_pay_is_checked_more_often() {
     );
 }
 
-/// Rounds of five emitted tokens with a cheap proposal of confidence 0.8 (empty when
-/// `cheap_empty`); returns the rounds in which the costly drafter drafted.
-fn rounds(c: &Controller, s: &mut StreamCtl, n: u32, cheap_empty: bool) -> u32 {
+/// Rounds of 10 ms with a cheap proposal of confidence 0.8 (empty when `cheap_empty`);
+/// returns the rounds in which the costly drafter drafted.
+fn rounds(
+    c: &Controller,
+    clock: &VirtualClock,
+    s: &mut StreamCtl,
+    n: u32,
+    cheap_empty: bool,
+) -> u32 {
     let mut costly = 0;
     for _ in 0..n {
+        clock.advance(ms(10.0));
         let cheap = proposal(if cheap_empty { 0 } else { 4 }, 0.8);
         c.drafted(s, CHEAP, &cheap);
         let rival = c.rival(s, false, &[(CHEAP, cheap)]);
@@ -140,32 +147,31 @@ fn rounds(c: &Controller, s: &mut StreamCtl, n: u32, cheap_empty: bool) -> u32 {
             c.drafted(s, COSTLY, &proposal(4, 0.8));
             costly += 1;
         }
-        s.advance(5);
     }
     costly
 }
 
 #[test]
 fn in_a_round_a_costly_drafter_drafts_when_expected_to_beat_the_cheap_one() {
-    let (c, _clock) = setup(6.0);
+    let (c, clock) = setup(6.0);
     // The cheap drafter's proposals are accepted, the costly one's are not: it drafts
     // only within its shadow share.
     let mut s = StreamCtl::new(true, 1);
     teach(&c, &mut s, CHEAP, 0.97);
     teach(&c, &mut s, COSTLY, 0.05);
-    let costly = rounds(&c, &mut s, 200, false);
-    let share = f64::from(costly) * MODEL_COST / (1000.0 * DEC);
+    let costly = rounds(&c, &clock, &mut s, 200, false);
+    let share = f64::from(costly) * MODEL_COST / 2.0;
     assert!(
         share <= SHADOW_SHARE * 1.1 && costly > 0,
         "{costly} of 200 rounds"
     );
     // Without a cheap proposal to verify, the costly drafter drafts every round.
-    assert_eq!(rounds(&c, &mut s, 50, true), 50);
+    assert_eq!(rounds(&c, &clock, &mut s, 50, true), 50);
     // The other way round: the costly drafter is expected to win, every round.
     let mut s = StreamCtl::new(true, 2);
     teach(&c, &mut s, CHEAP, 0.05);
     teach(&c, &mut s, COSTLY, 0.97);
-    assert_eq!(rounds(&c, &mut s, 200, false), 200);
+    assert_eq!(rounds(&c, &clock, &mut s, 200, false), 200);
 }
 
 #[test]

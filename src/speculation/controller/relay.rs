@@ -184,7 +184,6 @@ impl RelayTracker {
                 self.shadow = None;
             }
         }
-        s.advance(1);
         // Drafts still matching are the best reason to leave relay: a fresh proposal
         // decides then (`drafted_by` ends this one's check with its matches so far).
         self.relayed >= self.min_tokens

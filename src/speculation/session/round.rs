@@ -105,7 +105,6 @@ pub(super) async fn speculate(
     let before = gen.generated;
     let emitted: Vec<Sample> = v.samples.into_iter().take(n + 1).collect();
     let finish = l.emit(gen, emitted).await?;
-    l.ctl.advance(gen.generated - before);
     record_round(
         l,
         RoundRecord {

@@ -429,7 +429,6 @@ impl Sim<'_> {
         self.note_streak(&mut s.req, k, n, spec);
         self.note_spec_switch(&mut s.req, k, n);
         self.out.rounds += 1;
-        s.req.ctl.advance(n as u32 + 1);
         if self.emit(s, n as u32 + 1, true) {
             Work::Round(None, false)
         } else {
