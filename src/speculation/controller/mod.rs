@@ -50,6 +50,9 @@
 //! - `watch.rs` — admission: which `auto` requests run the loop at all.
 //! - `decide.rs` — the decision rule: `plan_round`, `plan_resume`.
 //! - `relay.rs` — the relay tracker: a relaying stream's per-token measurements and checks.
+//! - `pacing.rs` — which drafters draft for a proposal: proposals not expected to be
+//!   verified (shadow proposals, a costly drafter's beside a cheaper winner) get a small
+//!   share of the stream's time, by each drafter's measured cost.
 //! - `clock.rs` — the time every estimate is stamped with: the system clock in
 //!   production, a virtual one in the tests and the simulation harness.
 //!
@@ -123,6 +126,7 @@ pub mod clock;
 mod costs;
 mod decide;
 mod load;
+mod pacing;
 pub mod relay;
 #[cfg(test)]
 mod sim;
@@ -134,6 +138,7 @@ pub use acceptance::Residual;
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use costs::expected_tokens;
 pub use load::RunningSource;
+pub use pacing::Rival;
 pub use relay::RelayTracker;
 pub use watch::Watched;
 
@@ -190,6 +195,8 @@ pub struct StreamCtl {
     rng: fastrand::Rng,
     /// This stream's entry in the batch verdict (see `batch.rs`).
     batch: Option<batch::Slot>,
+    /// Per drafter, when it last drafted (see `pacing.rs`).
+    pace: [pacing::Pace; DrafterKind::COUNT],
 }
 
 impl StreamCtl {
@@ -200,6 +207,7 @@ impl StreamCtl {
             may_relay,
             rng: fastrand::Rng::with_seed(seed),
             batch: None,
+            pace: Default::default(),
         }
     }
 
@@ -444,16 +452,6 @@ impl Controller {
                 .with_label_values(&[drafter.as_str()])
                 .set(speedup.max(0.0));
         }
-    }
-
-    /// Relaying: draft for shadow checks every this many tokens (slow drafters less often).
-    pub fn shadow_stride(&self, drafter: DrafterKind) -> u32 {
-        let t_draft = self.costs.draft_seconds(drafter).unwrap_or(0.0);
-        let dec = self.decode_cost_estimate(self.load()).unwrap_or(0.0);
-        if t_draft <= 0.0 || dec <= 0.0 {
-            return 1;
-        }
-        ((t_draft / (0.25 * dec)).ceil() as u32).clamp(1, 16)
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::batch::Probe;
-use super::{Controller, Relaying, StreamCtl, PROBE_TOKENS};
+use super::{Controller, Relaying, Rival, StreamCtl, PROBE_TOKENS};
 use crate::draft::{DrafterKind, Proposal};
 
 /// Tokens averaged per decode-cost sample (streamed tokens may arrive in bursts).
@@ -29,8 +29,8 @@ pub struct RelayTracker {
     window: (Instant, u32),
     relayed: u32,
     min_tokens: u32,
-    stride: u32,
-    since_draft: u32,
+    /// Every drafter of the stream (each drafts when its pace says so, see `pacing.rs`).
+    drafters: Vec<DrafterKind>,
     /// The proposal being checked and how many of its tokens matched so far.
     shadow: Option<(Proposal, usize)>,
     /// Other drafters' proposals for the same context (a request drafting with several),
@@ -62,8 +62,7 @@ impl RelayTracker {
             window: (start, 0),
             relayed: 0,
             min_tokens: if probe { PROBE_TOKENS } else { 0 },
-            stride: ctl.shadow_stride(drafter),
-            since_draft: 0,
+            drafters: vec![drafter],
             shadow: shadow.filter(|p| !p.tokens.is_empty()).map(|p| (p, 0)),
             others: Vec::new(),
             _relaying: relaying,
@@ -75,19 +74,53 @@ impl RelayTracker {
         self.relayed
     }
 
-    /// The drafter whose proposals come next (a request drafting with several chooses
-    /// per proposal), and the other drafters' proposals for the same context.
-    pub fn drafted_by(&mut self, drafter: DrafterKind, others: Vec<(DrafterKind, Proposal)>) {
-        self.drafter = drafter;
-        // A fresh proposal of a drafter replaces the one of it still being checked.
-        self.others
-            .retain(|(d, ..)| *d != drafter && others.iter().all(|(o, _)| o != d));
+    /// The stream drafts with these drafters (the one of the shadow among them).
+    pub fn drafting_with(mut self, drafters: Vec<DrafterKind>) -> Self {
+        if !drafters.is_empty() {
+            self.drafters = drafters;
+        }
+        self
+    }
+
+    /// The other drafters' proposals for the shadow's context (a request drafting with
+    /// several), checked alongside to keep their estimates current.
+    pub fn alongside(mut self, others: Vec<(DrafterKind, Proposal)>) -> Self {
+        self.add_others(others);
+        self
+    }
+
+    fn add_others(&mut self, others: Vec<(DrafterKind, Proposal)>) {
         self.others.extend(
             others
                 .into_iter()
                 .filter(|(_, p)| !p.tokens.is_empty())
                 .map(|(d, p)| (d, p, 0)),
         );
+    }
+
+    /// Fresh proposals were drafted: `drafter`'s comes next (`proposed`), `others` are
+    /// checked alongside. A fresh proposal of a drafter replaces the one of it still being
+    /// checked (the matches so far count); the proposals of drafters that did not draft
+    /// now stay checked.
+    pub fn drafted_by(
+        &mut self,
+        ctl: &Controller,
+        s: &mut StreamCtl,
+        drafter: DrafterKind,
+        others: Vec<(DrafterKind, Proposal)>,
+    ) {
+        let fresh = |d: DrafterKind| d == drafter || others.iter().any(|(o, _)| *o == d);
+        if let Some((p, matched)) = self.shadow.take() {
+            self.others.push((self.drafter, p, matched));
+        }
+        self.others.retain(|(d, p, matched)| {
+            if fresh(*d) {
+                ctl.observe_matches(s, *d, &p.confidence, *matched);
+            }
+            !fresh(*d)
+        });
+        self.drafter = drafter;
+        self.add_others(others);
     }
 
     /// A token arrived at `now`: feed the decode-cost estimates. Gaps that overlapped a
@@ -151,21 +184,13 @@ impl RelayTracker {
                 self.shadow = None;
             }
         }
-        self.since_draft += 1;
-        if self.since_draft < self.stride || self.relayed < self.min_tokens {
-            return false;
-        }
-        // Drafts still matching are the best reason to leave relay: stop checking this
-        // proposal (its matches so far count) and let a fresh one decide.
-        if let Some((p, matched)) = self.shadow.take() {
-            if matched == 0 {
-                self.shadow = Some((p, matched));
-                return false;
-            }
-            ctl.observe_matches(s, self.drafter, &p.confidence, matched);
-        }
-        self.since_draft = 0;
-        true
+        // Drafts still matching are the best reason to leave relay: a fresh proposal
+        // decides then (`drafted_by` ends this one's check with its matches so far).
+        self.relayed >= self.min_tokens
+            && self
+                .drafters
+                .iter()
+                .any(|&d| ctl.draft_due(s, d, Rival::Plain))
     }
 
     /// A fresh proposal for the context so far: returns it cut to the K to verify when the

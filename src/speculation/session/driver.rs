@@ -88,9 +88,16 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// A proposal for the context. With several drafters, all of them draft and the
-    /// proposal the controller values most is kept; the others become `alternatives`.
-    pub(super) async fn propose(&mut self, max_k: usize) -> Proposal {
+    /// Every drafter of the stream.
+    pub(super) fn drafter_kinds(&self) -> Vec<DrafterKind> {
+        self.d.drafters.all().iter().map(|d| d.kind()).collect()
+    }
+
+    /// A proposal for the context (`relaying`: a shadow proposal, which may end the
+    /// relay). With several drafters, those the controller's pacing calls for draft (the
+    /// cheap ones always, a costly one only when due: see `controller/pacing.rs`), and
+    /// the proposal it values most is kept; the others become `alternatives`.
+    pub(super) async fn propose(&mut self, max_k: usize, relaying: bool) -> Proposal {
         self.alternatives.clear();
         if max_k == 0 {
             return Proposal::default();
@@ -98,16 +105,19 @@ impl<'a> Driver<'a> {
         let t = self.d.controller.now();
         let req = self.draft_request(self.ctx.clone(), max_k);
         let deps = self.d;
-        let set = deps.drafters.all();
-        // One drafter (the usual case) takes the request as it is: no copy of the context.
-        let drafted = match set {
-            [only] => vec![self.draft_with(only, req).await],
-            _ => join_all(set.iter().map(|d| self.draft_with(d, req.clone()))).await,
+        let mut all = match deps.drafters.all() {
+            // One drafter (the usual case) takes the request as it is: no copy of the context.
+            [only] => vec![(only.kind(), self.draft_with(only, req).await)],
+            set => self.draft_paced(set, req, relaying).await,
         };
         self.outside += self.d.controller.now().saturating_duration_since(t);
-        let mut all: Vec<_> = set.iter().map(|d| d.kind()).zip(drafted).collect();
-        if all.len() == 1 {
-            let (kind, proposal) = all.swap_remove(0);
+        for (kind, p) in &all {
+            self.d.controller.drafted(&mut self.ctl, *kind, p);
+        }
+        if all.len() <= 1 {
+            let Some((kind, proposal)) = all.pop() else {
+                return Proposal::default();
+            };
             self.drafter = kind;
             return proposal;
         }
@@ -122,6 +132,40 @@ impl<'a> Driver<'a> {
         all.retain(|(_, p)| !p.tokens.is_empty());
         self.alternatives = all;
         proposal
+    }
+
+    /// Several drafters: the cheap ones draft; then each costly one that is due against
+    /// plain decoding (relaying) or against the best proposal so far (a round). A round
+    /// without a cheap drafter drafts with every one.
+    async fn draft_paced(
+        &self,
+        set: &[Arc<dyn Drafter>],
+        req: DraftRequest,
+        relaying: bool,
+    ) -> Vec<(DrafterKind, Proposal)> {
+        let ctl = &self.d.controller;
+        let (cheap, costly): (Vec<_>, Vec<_>) =
+            set.iter().partition(|d| ctl.drafts_cheaply(d.kind()));
+        let mut all = self.draft_all(&cheap, &req).await;
+        let rival = ctl.rival(&self.ctl, relaying, &all);
+        let due: Vec<_> = costly
+            .into_iter()
+            .filter(|d| {
+                (cheap.is_empty() && !relaying) || ctl.draft_due(&self.ctl, d.kind(), rival)
+            })
+            .collect();
+        all.extend(self.draft_all(&due, &req).await);
+        all.sort_by_key(|(k, _)| *k);
+        all
+    }
+
+    async fn draft_all(
+        &self,
+        set: &[&Arc<dyn Drafter>],
+        req: &DraftRequest,
+    ) -> Vec<(DrafterKind, Proposal)> {
+        let drafted = join_all(set.iter().map(|d| self.draft_with(d, req.clone()))).await;
+        set.iter().map(|d| d.kind()).zip(drafted).collect()
     }
 
     /// The drafter of the current proposal.

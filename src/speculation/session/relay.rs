@@ -37,8 +37,9 @@ pub(super) async fn relay(
 ) -> Result<RelayEnd, ApiError> {
     let ctl = l.d.controller.clone();
     let start = ctl.now();
-    let mut tracker = RelayTracker::new(&ctl, l.drafter, plan.probe, plan.shadow, start);
-    tracker.drafted_by(l.drafter, std::mem::take(&mut l.alternatives));
+    let mut tracker = RelayTracker::new(&ctl, l.drafter, plan.probe, plan.shadow, start)
+        .drafting_with(l.drafter_kinds())
+        .alongside(std::mem::take(&mut l.alternatives));
     let mut stream =
         l.d.backend
             .relay(RelayRequest {
@@ -84,8 +85,9 @@ pub(super) async fn relay(
         if !tracker.check(&ctl, &mut l.ctl, id) {
             continue;
         }
-        let p = l.propose(l.k_cap(gen)).await;
-        tracker.drafted_by(l.drafter, std::mem::take(&mut l.alternatives));
+        let p = l.propose(l.k_cap(gen), true).await;
+        let others = std::mem::take(&mut l.alternatives);
+        tracker.drafted_by(&ctl, &mut l.ctl, l.drafter, others);
         let remaining = gen.remaining() as usize;
         if let Some(p) = tracker.proposed(&ctl, &mut l.ctl, p, remaining) {
             break Ok(RelayEnd::Resume(Some(p)));

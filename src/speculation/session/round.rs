@@ -66,7 +66,7 @@ pub(super) async fn speculate(
     }
     let proposal = match pending {
         Some(p) => cut(p, k_cap),
-        None => l.propose(k_cap).await,
+        None => l.propose(k_cap, false).await,
     };
     let k = match decide(l, gen, &proposal, decided) {
         Decision::Speculate(k) => k,

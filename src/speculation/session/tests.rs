@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::draft::{DraftError, DrafterKind};
 use crate::draft::{DraftRequest, DraftSet, Drafter};
 use crate::metrics::Metrics;
-use crate::speculation::controller::Controller;
+use crate::speculation::controller::{Controller, VirtualClock};
 use crate::tokens::ModelTokenizer;
 use crate::upstream::verify::{Backend, Sample, Sampling, VerifyRequest};
 use crate::upstream::verify::{RelayRequest, SampleStream, Tokenized};
@@ -27,6 +27,16 @@ struct Mock {
     verify_delay: Duration,
     token_delay: Duration,
     relays: AtomicUsize,
+    /// Advanced instead of sleeping, when set: the run is then in virtual time.
+    clock: Option<Arc<VirtualClock>>,
+}
+
+/// Sleep for `d`, or advance the virtual clock by it.
+async fn wait(clock: Option<&VirtualClock>, d: Duration) {
+    match clock {
+        Some(c) => c.advance(d),
+        None => tokio::time::sleep(d).await,
+    }
 }
 
 impl Backend for Mock {
@@ -35,7 +45,7 @@ impl Backend for Mock {
         req: VerifyRequest<'a>,
     ) -> BoxFuture<'a, Result<Vec<Sample>, ApiError>> {
         async move {
-            tokio::time::sleep(self.verify_delay).await;
+            wait(self.clock.as_deref(), self.verify_delay).await;
             let mut ctx = req.context.to_vec();
             let mut out = vec![Sample::id(next_token(&ctx, VOCAB))];
             for &d in req.drafts {
@@ -64,9 +74,13 @@ impl Backend for Mock {
         self.relays.fetch_add(1, Ordering::Relaxed);
         let toks = continuation(req.context, req.max_tokens as usize, VOCAB);
         let delay = self.token_delay;
-        let s = futures_util::stream::iter(toks).then(move |t| async move {
-            tokio::time::sleep(delay).await;
-            Ok(Sample::id(t))
+        let clock = self.clock.clone();
+        let s = futures_util::stream::iter(toks).then(move |t| {
+            let clock = clock.clone();
+            async move {
+                wait(clock.as_deref(), delay).await;
+                Ok(Sample::id(t))
+            }
         });
         ready(Ok(s.boxed())).boxed()
     }
@@ -109,6 +123,27 @@ impl Drafter for Truthful {
     }
 }
 
+/// A hopeless drafter (kind `model`) whose every proposal takes `cost` of virtual time.
+struct Costly {
+    clock: Arc<VirtualClock>,
+    cost: Duration,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Drafter for Costly {
+    fn kind(&self) -> DrafterKind {
+        DrafterKind::Model
+    }
+    fn propose(&self, req: DraftRequest) -> BoxFuture<'_, Result<Proposal, DraftError>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.clock.advance(self.cost);
+        let truth = continuation(&req.context, req.max_k, VOCAB);
+        let tokens: Vec<u32> = truth.iter().map(|t| (t + 1) % VOCAB).collect();
+        let confidence = vec![0.9; tokens.len()];
+        ready(Ok(Proposal { tokens, confidence })).boxed()
+    }
+}
+
 fn tokenizer() -> Arc<ModelTokenizer> {
     let vocab: Map<String, Value> = (0..VOCAB).map(|i| (format!("t{i}"), i.into())).collect();
     let json = serde_json::json!({
@@ -138,6 +173,9 @@ struct Setup {
     /// A second drafter (kind `ngram`) keeping positions with this probability: the
     /// request drafts with both and each round verifies the one valued more.
     rival: Option<f64>,
+    /// A costly hopeless drafter beside the oracle (the request drafts with both), and the
+    /// virtual clock the whole run then keeps.
+    costly: Option<Costly>,
 }
 
 impl Default for Setup {
@@ -154,6 +192,7 @@ impl Default for Setup {
             controller: Arc::new(Controller::default()),
             max_tokens: 60,
             rival: None,
+            costly: None,
         }
     }
 }
@@ -166,6 +205,7 @@ async fn run_session(s: Setup) -> Run {
         verify_delay: Duration::from_millis(4),
         token_delay: Duration::from_millis(2),
         relays: AtomicUsize::new(0),
+        clock: s.costly.as_ref().map(|c| c.clock.clone()),
     });
     let params = SessionParams {
         stream: 1,
@@ -190,9 +230,10 @@ async fn run_session(s: Setup) -> Run {
         keep: s.keep,
         overlap: s.overlap,
     });
-    let drafters = match s.rival {
-        None => DraftSet::one(oracle),
-        Some(keep) => {
+    let drafters = match (s.rival, s.costly) {
+        (_, Some(costly)) => DraftSet::choose_among(vec![oracle, Arc::new(costly)]),
+        (None, None) => DraftSet::one(oracle),
+        (Some(keep), None) => {
             let rival: Arc<dyn Drafter> = Arc::new(Truthful {
                 kind: DrafterKind::Ngram,
                 keep,
@@ -391,5 +432,46 @@ async fn auto_with_several_drafters_is_exact() {
             "{:?}",
             r.stats
         );
+    }
+}
+
+#[tokio::test]
+async fn a_costly_drafter_beside_a_cheap_one_drafts_within_its_share() {
+    // Virtual time: a relayed token takes 2 ms, a verify 4 ms, a proposal of the costly
+    // drafter 5 ms; the oracle costs nothing.
+    for keep in [0.0, 1.0] {
+        let clock = Arc::new(VirtualClock::default());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let r = run_session(Setup {
+            keep,
+            max_tokens: 600,
+            controller: Arc::new(Controller::default().with_clock(clock.clone())),
+            costly: Some(Costly {
+                clock: clock.clone(),
+                cost: Duration::from_millis(5),
+                calls: calls.clone(),
+            }),
+            ..Setup::default()
+        })
+        .await;
+        assert_eq!(r.tokens, truth(600), "keep {keep}");
+        let costly = calls.load(Ordering::Relaxed) as f64;
+        // Its share of the time: 3 % of 600 decode steps of 2 ms is 36 ms, 7 proposals;
+        // a few more while its cost and the decode cost are first measured.
+        assert!(
+            costly <= 12.0,
+            "keep {keep}: {costly} costly proposals, {:?}",
+            r.stats
+        );
+        let spent = clock.elapsed().as_secs_f64();
+        assert!(
+            costly * 0.005 <= 0.05 * spent,
+            "keep {keep}: {costly} costly proposals in {spent:.3} s"
+        );
+        if keep == 1.0 {
+            assert!(r.stats.accepted_tokens > 400, "{:?}", r.stats);
+        } else {
+            assert!(r.stats.relay_tokens > 500, "{:?}", r.stats);
+        }
     }
 }

@@ -9,8 +9,8 @@ mod run;
 
 use std::time::Duration;
 
-use model::{Acceptance, Noise, Scenario};
-use run::{Mode, Outcome, Sim};
+use model::{Acceptance, Noise, Outcome, Scenario};
+use run::{Mode, Sim};
 
 /// The static K compared with `auto` (the best of them in hindsight is the target).
 const STATIC_K: [usize; 4] = [2, 4, 8, 16];
@@ -171,6 +171,7 @@ fn scenarios() -> Vec<Scenario> {
                         requests,
                         tokens,
                         seed,
+                        draft_cost: 0.0,
                     });
                 }
             }
@@ -342,6 +343,7 @@ fn one(acceptance: Acceptance, requests: u32) -> Scenario {
         requests,
         tokens: 96,
         seed: 7,
+        draft_cost: 0.0,
     }
 }
 
@@ -372,6 +374,40 @@ fn auto_passes_through_while_speculation_does_not_pay() {
     // Perfect drafts: nothing passes through.
     let good = Sim::new(&one(Acceptance::Constant(1.0), 40), Mode::Auto(AUTO_CAP)).run();
     assert_eq!(good.passed, 0, "{good:?}");
+}
+
+#[test]
+fn a_costly_drafter_drafts_within_its_share_of_the_upstreams_time() {
+    // A drafter as slow as a decode step, drafting on the upstream's own time (a draft
+    // model on its CPU). Hopeless drafts: `auto` relays, and its shadow proposals take
+    // only their share of the time.
+    // One long request: every token runs the loop (none is passed through).
+    let bad = Scenario {
+        draft_cost: 0.012,
+        tokens: 1200,
+        ..one(Acceptance::Constant(0.0), 1)
+    };
+    let plain = Sim::new(&bad, Mode::Plain).run();
+    let auto = Sim::new(&bad, Mode::Auto(AUTO_CAP)).run();
+    let share = auto.draft_seconds * auto.rate / auto.tokens as f64;
+    println!(
+        "hopeless: auto/plain {:.3}, drafting {:.3} of the time, {auto:?}",
+        auto.rate / plain.rate,
+        share
+    );
+    assert_eq!(auto.passed, 0);
+    assert!(auto.rate >= 0.9 * plain.rate, "{auto:?} against {plain:?}");
+    assert!(share <= 0.05, "drafting took {share:.3} of the time");
+    // Perfect drafts: the cost is worth paying, and `auto` speculates.
+    let good = Scenario {
+        acceptance: Acceptance::Constant(1.0),
+        ..bad
+    };
+    let plain = Sim::new(&good, Mode::Plain).run();
+    let auto = Sim::new(&good, Mode::Auto(AUTO_CAP)).run();
+    println!("perfect: auto/plain {:.3}", auto.rate / plain.rate);
+    assert!(auto.relayed * 4 < auto.tokens, "{auto:?}");
+    assert!(auto.rate > 2.0 * plain.rate, "{auto:?} against {plain:?}");
 }
 
 /// The draft cap `auto` should default to: mean `auto`/plain over the scenarios where

@@ -131,4 +131,31 @@ pub struct Scenario {
     pub requests: u32,
     pub tokens: u32,
     pub seed: u64,
+    /// Seconds a proposal takes, on the upstream's own time (a draft model on its CPU);
+    /// zero: drafting is free.
+    pub draft_cost: f64,
+}
+
+/// What a run measured.
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    /// Mean over streams of tokens per second of virtual time.
+    pub rate: f64,
+    /// Most consecutive rounds with nothing accepted while the controller's own estimates
+    /// said a decode step was cheaper than that verify.
+    pub zero_streak: u32,
+    /// Tokens after a phase change until the stream was in the mode the new phase wants
+    /// (worst over requests; None without a phase change).
+    pub switch_tokens: Option<u32>,
+    /// Seconds after a load spike until speculation resumed (worst; where it resumed).
+    pub resume_after_spike: Option<f64>,
+    /// Seconds after a load spike until the decode estimate was within 25 % of the truth.
+    pub decode_recovery: Option<f64>,
+    pub rounds: u64,
+    pub relayed: u64,
+    /// Tokens generated, and requests passed through untouched (`auto` not watching).
+    pub tokens: u64,
+    pub passed: u32,
+    /// Seconds spent drafting (a costly drafter's).
+    pub draft_seconds: f64,
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::model::{Scenario, Upstream};
+use super::model::{Outcome, Scenario, Upstream};
 use crate::config::SpecMode;
 use crate::draft::{DrafterKind, Proposal};
 use crate::inflight::{InFlight, InFlightGuard};
@@ -25,28 +25,6 @@ pub enum Mode {
     Plain,
     Static(usize),
     Auto(usize),
-}
-
-/// What a run measured.
-#[derive(Debug, Default, Clone)]
-pub struct Outcome {
-    /// Mean over streams of tokens per second of virtual time.
-    pub rate: f64,
-    /// Most consecutive rounds with nothing accepted while the controller's own estimates
-    /// said a decode step was cheaper than that verify.
-    pub zero_streak: u32,
-    /// Tokens after a phase change until the stream was in the mode the new phase wants
-    /// (worst over requests; None without a phase change).
-    pub switch_tokens: Option<u32>,
-    /// Seconds after a load spike until speculation resumed (worst; where it resumed).
-    pub resume_after_spike: Option<f64>,
-    /// Seconds after a load spike until the decode estimate was within 25 % of the truth.
-    pub decode_recovery: Option<f64>,
-    pub rounds: u64,
-    pub relayed: u64,
-    /// Tokens generated, and requests passed through untouched (`auto` not watching).
-    pub tokens: u64,
-    pub passed: u32,
 }
 
 enum Work {
@@ -190,8 +168,10 @@ impl<'a> Sim<'a> {
     }
 
     /// What the drafter proposes at position `g`: each draft right with the script's
-    /// probability given the previous ones were.
-    fn propose(&mut self, g: u32, k: usize) -> Proposal {
+    /// probability given the previous ones were. A costly drafter stops the clock for its
+    /// cost (the upstream's CPU drafts meanwhile).
+    fn propose(&mut self, r: &mut Request, k: usize) -> Proposal {
+        let g = r.generated;
         let mut tokens = Vec::with_capacity(k);
         let mut right = true;
         for i in 0..k {
@@ -199,10 +179,18 @@ impl<'a> Sim<'a> {
             let pos = g + i as u32;
             tokens.push(if right { truth(pos) } else { truth(pos) + 1 });
         }
-        Proposal {
+        let p = Proposal {
             tokens,
             confidence: vec![CONFIDENCE; k],
+        };
+        if self.sc.draft_cost > 0.0 {
+            let dt = Duration::from_secs_f64(self.sc.draft_cost);
+            self.clock.advance(dt);
+            self.ctl.record_draft(DRAFTER, dt);
+            self.out.draft_seconds += self.sc.draft_cost;
         }
+        self.ctl.drafted(&mut r.ctl, DRAFTER, &p);
+        p
     }
 
     fn remaining(&self, r: &Request) -> u32 {
@@ -213,7 +201,7 @@ impl<'a> Sim<'a> {
     fn start_round(&mut self, r: &mut Request, pending: Option<Proposal>, decided: bool) -> Work {
         let remaining = self.remaining(r);
         let cap = self.k_max().min(remaining.saturating_sub(1) as usize);
-        let mut p = pending.unwrap_or_else(|| self.propose(r.generated, cap));
+        let mut p = pending.unwrap_or_else(|| self.propose(r, cap));
         p.tokens.truncate(cap);
         p.confidence.truncate(cap);
         let mode = if matches!(self.mode, Mode::Auto(_)) {
@@ -479,7 +467,8 @@ impl Sim<'_> {
             }
             let remaining = self.remaining(&s.req);
             let cap = self.k_max().min(remaining.saturating_sub(1) as usize);
-            let p = self.propose(s.req.generated, cap);
+            let p = self.propose(&mut s.req, cap);
+            t.drafted_by(&self.ctl, &mut s.req.ctl, DRAFTER, Vec::new());
             if let Some(p) = t.proposed(&self.ctl, &mut s.req.ctl, p, remaining as usize) {
                 // Tokens the relay had buffered beyond this one are dropped with it.
                 return Work::Round(Some(p), true);
