@@ -107,7 +107,7 @@ async fn network_cut_mid_stream_then_recovery() {
             t.elapsed().as_millis()
         );
         fwd.restore().await;
-        specd.wait_ready(Duration::from_secs(30)).await;
+        specd.wait_ready(common::READY_TIMEOUT).await;
     }
     // Down: new requests fail fast, readiness follows.
     fwd.cut();

@@ -91,7 +91,7 @@ async fn many_long_streams_through_the_stand_in() {
     // Under the open-files limit a service manager typically leaves (1024 soft): 512
     // streams need more than that, and specd must raise its own limit.
     let specd = Specd::start_nofile(&up.url, &[], 1024);
-    specd.wait_ready(Duration::from_secs(30)).await;
+    specd.wait_ready(common::READY_TIMEOUT).await;
     let n: u32 = env_or("SPECD_LOAD_STREAMS", 512);
     // Short by default to keep the suite quick; scripts/load-test.sh runs long ones.
     let tokens = env_or("SPECD_LOAD_TOKENS", 48);

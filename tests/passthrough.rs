@@ -175,7 +175,7 @@ async fn upstream_down_gives_502_and_specd_recovers() {
     // Bring it back on the same address.
     let listener = TcpListener::bind(addr).await.unwrap();
     tokio::spawn(forwarder(listener, target, CancellationToken::new()));
-    specd.wait_ready(Duration::from_secs(20)).await;
+    specd.wait_ready(common::READY_TIMEOUT).await;
     let (s, _) = post(&specd.url, "/v1/completions", &body).await;
     assert_eq!(s, 200);
     let m = specd.metrics().await;

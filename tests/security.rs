@@ -165,7 +165,7 @@ async fn prompts_and_outputs_stay_out_of_the_logs() {
     for format in ["text", "json"] {
         // Default level: no SPECD_LOG.
         let mut specd = Specd::start_env(&up.url, &["--log-format", format], &[]);
-        specd.wait_ready(Duration::from_secs(30)).await;
+        specd.wait_ready(common::READY_TIMEOUT).await;
         let secret = "SECRET-PROMPT-4f1c";
         let c = client();
         let mut outputs = Vec::new();

@@ -38,7 +38,7 @@ async fn sigterm_drains_streams_in_flight() {
         &["--drain-timeout", "60", "--metrics-listen", "127.0.0.1:0"],
         &[("SPECD_LOG", "info")],
     );
-    specd.wait_ready(Duration::from_secs(30)).await;
+    specd.wait_ready(common::READY_TIMEOUT).await;
     let admin = specd.admin().to_string();
     let prompts: Vec<Vec<u32>> = (0..3)
         .map(|i| (600 + i * 10..606 + i * 10).collect())

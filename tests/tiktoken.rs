@@ -12,7 +12,6 @@ mod common;
 
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -72,7 +71,7 @@ async fn specd(extra: &[&str]) -> Specd {
         extra,
         &[("HF_HUB_CACHE", &cache), ("SPECD_LOG", "info")],
     );
-    specd.wait_ready(Duration::from_secs(90)).await;
+    specd.wait_ready(common::READY_TIMEOUT).await;
     specd
 }
 

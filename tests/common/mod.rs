@@ -102,6 +102,11 @@ pub fn bin() -> String {
     std::env::var("SPECD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_specd").to_string())
 }
 
+/// How long a test waits for specd's `/readyz`: readiness checks the upstream and its
+/// tokenizer, which a loaded 2-core machine (vLLM servers starting beside the test) can
+/// hold up for minutes. Only a failing start waits this long.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(300);
+
 pub struct Specd {
     pub child: Child,
     pub url: String,
@@ -240,7 +245,7 @@ impl Specd {
     /// Start and wait for `/readyz`.
     pub async fn start_ready(upstream: &str, extra: &[&str]) -> Specd {
         let s = Specd::start(upstream, extra);
-        s.wait_ready(Duration::from_secs(60)).await;
+        s.wait_ready(READY_TIMEOUT).await;
         s
     }
 
