@@ -413,7 +413,11 @@ async fn constrained_tool_choices_and_other_parsers_pass_through() {
     .await;
 
     // A parser specd does not implement shapes every chat answer: all chat passes.
-    let other = ["--tool-call-parser", "kimi_k2", "--enable-auto-tool-choice"];
+    let other = [
+        "--tool-call-parser",
+        "qwen3_coder",
+        "--enable-auto-tool-choice",
+    ];
     let specd = Specd::start_ready(&up, &other).await;
     let plain = json!({"model": model, "messages": [user("Count to 4.")], "max_tokens": 16,
                        "temperature": 0});
