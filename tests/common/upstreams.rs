@@ -112,6 +112,45 @@ pub fn tools_upstream(parser: &str, reasoning: Option<&str>) -> String {
     named_upstream("agent-tools", &served, &extra)
 }
 
+/// URL of a real vLLM serving the `agent-tools-kimi` model (scripts/train_tools_kimi.py)
+/// in float32 with `--enable-auto-tool-choice --tool-call-parser kimi_k2
+/// --reasoning-parser kimi_k2`: `SPECD_TEST_KIMI_TOOLS_UPSTREAM`, else started by
+/// scripts/vllm-cpu-upstream.sh as its own named server `KIMI_TOOLS_SERVED`.
+pub fn kimi_tools_upstream() -> String {
+    if let Ok(u) = std::env::var("SPECD_TEST_KIMI_TOOLS_UPSTREAM") {
+        return u;
+    }
+    named_upstream(
+        KIMI_TOOLS_MODEL,
+        KIMI_TOOLS_SERVED,
+        "--dtype float32 --enable-auto-tool-choice --tool-call-parser kimi_k2 \
+         --reasoning-parser kimi_k2",
+    )
+}
+
+pub const KIMI_TOOLS_MODEL: &str = "agent-tools-kimi";
+pub const KIMI_TOOLS_SERVED: &str = "specd-agent-tools-kimi-kimi_k2";
+
+/// Stops the kimi_k2 tools server when dropped (one test uses it; its memory goes back
+/// to the servers of the tests still running), unless it was given by the environment.
+pub struct StopKimiTools;
+
+impl Drop for StopKimiTools {
+    fn drop(&mut self) {
+        if std::env::var("SPECD_TEST_KIMI_TOOLS_UPSTREAM").is_ok() {
+            return;
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let _ = Command::new("bash")
+            .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
+            .arg("stop")
+            .env("SPECD_VLLM_MODEL", KIMI_TOOLS_MODEL)
+            .env("SPECD_VLLM_SERVED_NAME", KIMI_TOOLS_SERVED)
+            .stderr(Stdio::inherit())
+            .output();
+    }
+}
+
 /// Stop the `agent` server of a reasoning parser that only one test uses, so that its
 /// memory is free for the servers of the tests still running (a 24 GiB machine ran out
 /// with eight vLLM servers of the test models and SGLang up at once). Not the shared
