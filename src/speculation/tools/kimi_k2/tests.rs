@@ -182,7 +182,7 @@ fn kimi_k2_equals_vllm() {
 
 #[test]
 fn headers_give_id_and_name() {
-    let ok = |h: &str| id_and_name(h).map(|(i, n)| (i, n));
+    let ok = id_and_name;
     assert_eq!(
         ok(" functions.get_weather:0 "),
         Some(("functions.get_weather:0".into(), "get_weather".into()))
