@@ -46,8 +46,10 @@ cleanup() {
     SPECD_VLLM_MODEL=agent-tools SPECD_VLLM_SERVED_NAME=$name \
       bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   done
-  SPECD_VLLM_MODEL=agent-tools-kimi SPECD_VLLM_SERVED_NAME=specd-agent-tools-kimi-kimi_k2 \
-    bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  for name in specd-agent-tools-kimi-kimi_k2 specd-agent-tools-kimi-kimi_k2-kimi_k2; do
+    SPECD_VLLM_MODEL=agent-tools-kimi SPECD_VLLM_SERVED_NAME=$name \
+      bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  done
   # So do the tiktoken-format tests (tests/tiktoken.rs: target-tiktoken by hub id).
   SPECD_VLLM_MODEL=target-tiktoken bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }

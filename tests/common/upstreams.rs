@@ -113,31 +113,47 @@ pub fn tools_upstream(parser: &str, reasoning: Option<&str>) -> String {
 }
 
 /// URL of a real vLLM serving the `agent-tools-kimi` model (scripts/train_tools_kimi.py)
-/// in float32 with `--enable-auto-tool-choice --tool-call-parser kimi_k2
-/// --reasoning-parser kimi_k2`: `SPECD_TEST_KIMI_TOOLS_UPSTREAM`, else started by
-/// scripts/vllm-cpu-upstream.sh as its own named server `KIMI_TOOLS_SERVED`.
-pub fn kimi_tools_upstream() -> String {
-    if let Ok(u) = std::env::var("SPECD_TEST_KIMI_TOOLS_UPSTREAM") {
+/// in float32 with `--enable-auto-tool-choice --tool-call-parser kimi_k2` (and
+/// `--reasoning-parser kimi_k2` with `reasoning`): `SPECD_TEST_KIMI_TOOLS_UPSTREAM` (or
+/// `SPECD_TEST_KIMI_TOOLS_REASONING_UPSTREAM`), else started by
+/// scripts/vllm-cpu-upstream.sh as its own named server (`kimi_tools_served`).
+pub fn kimi_tools_upstream(reasoning: bool) -> String {
+    if let Ok(u) = std::env::var(kimi_tools_var(reasoning)) {
         return u;
     }
-    named_upstream(
-        KIMI_TOOLS_MODEL,
-        KIMI_TOOLS_SERVED,
-        "--dtype float32 --enable-auto-tool-choice --tool-call-parser kimi_k2 \
-         --reasoning-parser kimi_k2",
-    )
+    let mut extra =
+        "--dtype float32 --enable-auto-tool-choice --tool-call-parser kimi_k2".to_string();
+    if reasoning {
+        extra.push_str(" --reasoning-parser kimi_k2");
+    }
+    named_upstream(KIMI_TOOLS_MODEL, &kimi_tools_served(reasoning), &extra)
 }
 
 pub const KIMI_TOOLS_MODEL: &str = "agent-tools-kimi";
-pub const KIMI_TOOLS_SERVED: &str = "specd-agent-tools-kimi-kimi_k2";
 
-/// Stops the kimi_k2 tools server when dropped (one test uses it; its memory goes back
-/// to the servers of the tests still running), unless it was given by the environment.
-pub struct StopKimiTools;
+pub fn kimi_tools_served(reasoning: bool) -> String {
+    let mut s = "specd-agent-tools-kimi-kimi_k2".to_string();
+    if reasoning {
+        s.push_str("-kimi_k2");
+    }
+    s
+}
+
+fn kimi_tools_var(reasoning: bool) -> &'static str {
+    if reasoning {
+        "SPECD_TEST_KIMI_TOOLS_REASONING_UPSTREAM"
+    } else {
+        "SPECD_TEST_KIMI_TOOLS_UPSTREAM"
+    }
+}
+
+/// Stops a kimi_k2 tools server when dropped (one test uses each; its memory goes back
+/// to the servers of the tests still running), unless the environment gave it.
+pub struct StopKimiTools(pub bool);
 
 impl Drop for StopKimiTools {
     fn drop(&mut self) {
-        if std::env::var("SPECD_TEST_KIMI_TOOLS_UPSTREAM").is_ok() {
+        if std::env::var(kimi_tools_var(self.0)).is_ok() {
             return;
         }
         let root = env!("CARGO_MANIFEST_DIR");
@@ -145,7 +161,7 @@ impl Drop for StopKimiTools {
             .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
             .arg("stop")
             .env("SPECD_VLLM_MODEL", KIMI_TOOLS_MODEL)
-            .env("SPECD_VLLM_SERVED_NAME", KIMI_TOOLS_SERVED)
+            .env("SPECD_VLLM_SERVED_NAME", kimi_tools_served(self.0))
             .stderr(Stdio::inherit())
             .output();
     }
