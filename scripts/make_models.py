@@ -10,6 +10,7 @@ tokenizer is trained on the Python standard library that ships with the interpre
                                              # draft-xtok/ (its own tokenizer-xtok/)
     python scripts/make_models.py --agent    # agent/: <think> tokens, for reasoning parsers
     python scripts/make_models.py --agent-tools  # agent-tools/: hermes tool calls
+    python scripts/make_models.py --agent-tools-kimi  # agent-tools-kimi/: kimi_k2 tool calls
     python scripts/make_models.py --tiktoken # target-tiktoken/: target/ in the tiktoken format
 
 Models land in ${SPECD_MODELS_DIR:-~/.cache/specd/models}/<name>/, each with
@@ -375,6 +376,8 @@ def main() -> int:
                     help="build the reasoning-format test model `agent` (train_agent.py)")
     ap.add_argument("--agent-tools", action="store_true",
                     help="build the tool-calling test model `agent-tools` (train_tools.py)")
+    ap.add_argument("--agent-tools-kimi", action="store_true",
+                    help="build `agent-tools-kimi`, kimi_k2 tool calls (train_tools_kimi.py)")
     ap.add_argument("--tiktoken", action="store_true",
                     help="build target-tiktoken (from target) only")
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
@@ -386,6 +389,8 @@ def main() -> int:
         return make_tiktoken(root, args.force)
     if args.agent_tools:
         return make_agent_tools(root, args.force)
+    if args.agent_tools_kimi:
+        return make_agent_tools_kimi(root, args.force)
     if args.agent:
         return make_agent(root, args.force)
     with open(root / ".lock", "w") as lock:
@@ -440,6 +445,12 @@ def make_agent_tools(root: Path, force: bool) -> int:
     import train_tools
 
     return make_own(root, force, train_tools.NAME, train_tools.ensure_agent_tools)
+
+
+def make_agent_tools_kimi(root: Path, force: bool) -> int:
+    import train_tools_kimi
+
+    return make_own(root, force, train_tools_kimi.NAME, train_tools_kimi.ensure_agent_tools_kimi)
 
 
 def make_own(root: Path, force: bool, name: str, ensure) -> int:

@@ -111,26 +111,36 @@ PREAMBLES = ["Let me check.\n", "I will look that up.\n"]
 log = mm.log
 
 
-def build_tokenizer(src: Path, out: Path) -> None:
-    """make_models' tokenizer with the think and tool-call tokens added (not special)."""
+class Format:
+    """A tool-call format: the model's name, its added tokens, chat template, how an
+    assistant turn with calls is written, and the body of its first call."""
+
+    def __init__(self, name, tokens, template, recipe, turn_text, first_args):
+        self.name, self.tokens, self.template, self.recipe = name, tokens, template, recipe
+        self.turn_text, self.first_args = turn_text, first_args
+
+
+def build_tokenizer(src: Path, out: Path, fmt=None) -> None:
+    """make_models' tokenizer with the format's think and tool-call tokens added (not
+    special)."""
     from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
+    fmt = fmt or HERMES
     tok = Tokenizer.from_file(str(src / "tokenizer.json"))
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t in (THINK_START, THINK_END, CALL_START, CALL_END)])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in fmt.tokens])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=mm.BOS, eos_token=mm.EOS,
                                    pad_token=mm.EOS, model_max_length=2048,
                                    clean_up_tokenization_spaces=False)
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = fmt.template
     fast.save_pretrained(str(out))
     cfg_path = out / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg.update(chat_template=CHAT_TEMPLATE, add_bos_token=True,
+    cfg.update(chat_template=fmt.template, add_bos_token=True,
                tokenizer_class="PreTrainedTokenizerFast")
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    ids = [tok.token_to_id(t) for t in (THINK_START, THINK_END, CALL_START, CALL_END)]
-    assert ids == [mm.VOCAB_SIZE + i for i in range(4)], ids
+    ids = [tok.token_to_id(t) for t in fmt.tokens]
+    assert ids == [mm.VOCAB_SIZE + i for i in range(len(fmt.tokens))], ids
 
 
 def call(name: str, args: dict) -> dict:
@@ -193,6 +203,15 @@ def turn_text(m: dict) -> str:
     return m["content"] + "\n".join(calls)
 
 
+def hermes_args(text: str) -> str:
+    body = text.split(CALL_START, 1)[-1].split(CALL_END, 1)[0]
+    return json.dumps(json.loads(body)["arguments"]) if CALL_START in text else ""
+
+
+HERMES = Format(NAME, [THINK_START, THINK_END, CALL_START, CALL_END], CHAT_TEMPLATE, RECIPE,
+                turn_text, hermes_args)
+
+
 def conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
     """One whole synthetic conversation and the tools it was given."""
     t = task(rng)
@@ -202,6 +221,8 @@ def conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
         return [{"role": "user", "content": q}, {"role": "assistant", "content": a}], tools
     q, calls, results, answer = t
     pre = rng.choice(PREAMBLES) if rng.randrange(4) == 0 else ""
+    for k, c in enumerate(calls):
+        c["id"] = f"functions.{c['function']['name']}:{k}"
     msgs = [{"role": "user", "content": q},
             {"role": "assistant", "content": pre, "tool_calls": calls}]
     msgs += [{"role": "tool", "content": r} for r in results]
@@ -209,7 +230,7 @@ def conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
     return msgs, TOOLS
 
 
-def training_text(tok, msgs: list[dict], tools) -> str:
+def training_text(tok, msgs: list[dict], tools, fmt=None) -> str:
     """Each assistant turn after the prompt the template renders for it, reasoning
     first (the template drops the reasoning of earlier turns)."""
     text = ""
@@ -218,26 +239,28 @@ def training_text(tok, msgs: list[dict], tools) -> str:
             continue
         prompt = tok.apply_chat_template(msgs[:k], tools=tools, tokenize=False,
                                          add_generation_prompt=True)
-        text += f"{prompt}{reasoning_for(msgs[:k])}\n{THINK_END}\n\n{turn_text(m)}{mm.IM_END}\n"
+        turn = (fmt or HERMES).turn_text(m)
+        text += f"{prompt}{reasoning_for(msgs[:k])}\n{THINK_END}\n\n{turn}{mm.IM_END}\n"
     return text
 
 
-def build_stream(tok, count: int) -> torch.Tensor:
+def build_stream(tok, count: int, fmt=None) -> torch.Tensor:
     rng = random.Random(SEED)
     ids: list[int] = []
     for _ in range(count):
         msgs, tools = conversation(rng)
-        ids += tok(training_text(tok, msgs, tools), add_special_tokens=False)["input_ids"]
+        ids += tok(training_text(tok, msgs, tools, fmt), add_special_tokens=False)["input_ids"]
     return torch.tensor(ids, dtype=torch.int64)
 
 
-def train(out: Path, tok_dir: Path) -> None:
+def train(out: Path, tok_dir: Path, fmt=None) -> None:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    fmt = fmt or HERMES
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
-    stream = build_stream(tok, RECIPE["conversations"])
+    stream = build_stream(tok, RECIPE["conversations"], fmt)
     cfg = mm.llama_config(RECIPE["architecture"])
     cfg.vocab_size = len(tok)
     torch.manual_seed(SEED)
@@ -261,7 +284,7 @@ def train(out: Path, tok_dir: Path) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         if (i + 1) % 100 == 0:
-            log(f"  {NAME} step {i + 1}/{steps} loss {loss.item():.3f} "
+            log(f"  {fmt.name} step {i + 1}/{steps} loss {loss.item():.3f} "
                 f"({time.monotonic() - start:.0f} s)")
     hf = LlamaForCausalLM(cfg)
     missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
@@ -269,16 +292,16 @@ def train(out: Path, tok_dir: Path) -> None:
     hf.tie_weights()
     hf.eval()
     tm.check_parity(model, hf)
-    meta = {"kind": "trained", "name": NAME, "recipe": RECIPE,
+    meta = {"kind": "trained", "name": fmt.name, "recipe": fmt.recipe,
             "train_seconds": round(time.monotonic() - start, 1),
             "final_loss": round(loss.item(), 4)}
     mm.save_model(hf, tok_dir, out, meta)
-    check_format(out, tok)
+    check_format(out, tok, fmt)
 
 
-def check_format(out: Path, tok) -> None:
-    """Most tool questions must get a reasoning and a well-formed hermes call (what the
-    tests rely on)."""
+def check_format(out: Path, tok, fmt) -> None:
+    """Most tool questions must get a reasoning and a well-formed call (what the tests
+    rely on)."""
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(str(out)).eval()
@@ -292,35 +315,36 @@ def check_format(out: Path, tok) -> None:
         with torch.no_grad():
             gen = model.generate(ids, max_new_tokens=80, do_sample=False)[0, ids.shape[1]:]
         text = tok.decode(gen, skip_special_tokens=True)
-        log(f"  {NAME} sample: {q!r} -> {text!r}")
-        body = text.split(CALL_START, 1)[-1].split(CALL_END, 1)[0]
+        log(f"  {fmt.name} sample: {q!r} -> {text!r}")
         try:
-            good += int(THINK_END in text and CALL_START in text and "name" in json.loads(body))
-        except ValueError:
+            good += int(THINK_END in text and bool(fmt.first_args(text)))
+        except (ValueError, KeyError, TypeError):
             pass
     assert good >= 3, f"only {good}/{len(questions)} samples made a tool call"
 
 
-def up_to_date(root: Path) -> bool:
+def up_to_date(root: Path, fmt) -> bool:
     try:
-        meta = json.loads((root / NAME / "specd-model.json").read_text())
+        meta = json.loads((root / fmt.name / "specd-model.json").read_text())
     except (OSError, ValueError):
         return False
-    return (root / NAME / mm.COMPLETE).exists() and meta.get("recipe") == RECIPE
+    return (root / fmt.name / mm.COMPLETE).exists() and meta.get("recipe") == fmt.recipe
 
 
-def ensure_agent_tools(root: Path, tok_dir: Path) -> None:
-    """Build `agent-tools` if missing or of another recipe (with make_models' lock)."""
-    if up_to_date(root):
+def ensure_agent_tools(root: Path, tok_dir: Path, fmt=None) -> None:
+    """Build the format's model if missing or of another recipe (under its own lock,
+    taken by make_models)."""
+    fmt = fmt or HERMES
+    if up_to_date(root, fmt):
         return
     started = time.monotonic()
 
     def build(out: Path) -> None:
         tok_tmp = out / ".tokenizer"
         tok_tmp.mkdir()
-        build_tokenizer(tok_dir, tok_tmp)
-        train(out, tok_tmp)  # save_model copies the tokenizer files next to the weights
+        build_tokenizer(tok_dir, tok_tmp, fmt)
+        train(out, tok_tmp, fmt)  # save_model copies the tokenizer files next to the weights
         shutil.rmtree(tok_tmp)
 
-    mm.install(root / NAME, build)
-    log(f"{NAME}: built in {time.monotonic() - started:.0f} s")
+    mm.install(root / fmt.name, build)
+    log(f"{fmt.name}: built in {time.monotonic() - started:.0f} s")

@@ -17,7 +17,8 @@
 #   SPECD_VLLM_VENV          venv path (default $SPECD_CACHE_DIR/vllm-venv)
 #   SPECD_VLLM_MODEL         model folder name under the models dir (default target;
 #                            *-trained: the trained pair, with draft-xtok; agent: the
-#                            reasoning-format model; agent-tools: the tool-calling model)
+#                            reasoning-format model; agent-tools: the tool-calling model;
+#                            agent-tools-kimi: the same in the kimi_k2 format)
 #   SPECD_VLLM_SERVED_NAME   served model name (default specd-$SPECD_VLLM_MODEL)
 #   SPECD_VLLM_START_TIMEOUT seconds to wait for /health (default 900: a loaded 2-core
 #                            machine can take minutes to compile the model)
@@ -121,6 +122,9 @@ ensure_model() {
     elif [[ $MODEL == agent-tools ]]; then
         # The tool-calling model (scripts/train_tools.py, ~6 min on one core).
         args+=(--agent-tools)
+    elif [[ $MODEL == agent-tools-kimi ]]; then
+        # Its kimi_k2-format sibling (scripts/train_tools_kimi.py, ~6 min on one core).
+        args+=(--agent-tools-kimi)
     elif [[ $MODEL == *-tiktoken ]]; then
         # Rebuilt when its source's tokenizer (or the class) changes, which it checks.
         args+=(--tiktoken)

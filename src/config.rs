@@ -105,21 +105,28 @@ pub enum ToolCallParser {
     Hermes,
     /// Whole answers only: a streamed chat that may call tools passes through.
     Llama3Json,
+    /// vLLM's grammar engine with the kimi_k2 config (model-made call ids).
+    KimiK2,
 }
 
 impl ToolCallParser {
-    pub const ALL: [ToolCallParser; 2] = [ToolCallParser::Hermes, ToolCallParser::Llama3Json];
+    pub const ALL: [ToolCallParser; 3] = [
+        ToolCallParser::Hermes,
+        ToolCallParser::Llama3Json,
+        ToolCallParser::KimiK2,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ToolCallParser::Hermes => "hermes",
             ToolCallParser::Llama3Json => "llama3_json",
+            ToolCallParser::KimiK2 => "kimi_k2",
         }
     }
 
     /// specd reproduces this parser's streamed calls too.
     pub fn streams(self) -> bool {
-        self == ToolCallParser::Hermes
+        self != ToolCallParser::Llama3Json
     }
 }
 
@@ -526,7 +533,14 @@ mod tests {
         assert_eq!(
             p(&["--tool-call-parser", "kimi_k2"]),
             Ok((
-                Some(ToolCallParserArg::Unimplemented("kimi_k2".into())),
+                Some(ToolCallParserArg::Known(ToolCallParser::KimiK2)),
+                false
+            ))
+        );
+        assert_eq!(
+            p(&["--tool-call-parser", "qwen3_coder"]),
+            Ok((
+                Some(ToolCallParserArg::Unimplemented("qwen3_coder".into())),
                 false
             ))
         );

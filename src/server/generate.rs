@@ -230,7 +230,7 @@ async fn speculate(st: &Shared, plan: Plan, parts: &Parts) -> Result<Response, A
         }),
         switch_every: gen.spec.switch_every,
         reasoning: reasoning.clone(),
-        tools,
+        tools: tools.clone(),
     };
     let deps = SessionDeps {
         backend,

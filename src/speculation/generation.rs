@@ -233,7 +233,7 @@ impl<'t> Generation<'t> {
             content = content.filter(|_| splitter.is_closed());
         }
         if let (Some((stream, acc)), Some(c)) = (&mut self.tools, content) {
-            if let Some(d) = stream.step(c, true) {
+            if let Some(d) = stream.step(c, &[], true) {
                 acc.append(d);
             }
         }
@@ -275,10 +275,15 @@ pub fn parse_step(
     let mut step = Split::default();
     let mut content = Some(text);
     let mut raw = None;
+    let mut ids = vec![id];
     if let Some(splitter) = reasoning {
+        let was_closed = splitter.is_closed();
         splitter.step(id, text, last, &mut step);
         if splitter.is_closed() {
             content = Some(step.content.as_str());
+            if !was_closed {
+                ids = splitter.content_ids(id);
+            }
         } else {
             content = None;
             raw = (!step.content.is_empty()).then(|| step.content.clone());
@@ -287,7 +292,7 @@ pub fn parse_step(
     let mut calls = None;
     if let Some(stream) = tools {
         if let Some(c) = content {
-            calls = stream.step(c, last);
+            calls = stream.step(c, &ids, last);
         }
         if let Some(r) = raw {
             let d = calls.get_or_insert_with(StreamDelta::default);

@@ -283,7 +283,7 @@ impl Shape {
                 .calls
                 .into_iter()
                 .map(|c| ToolCall {
-                    id: tools::call_id(),
+                    id: c.id.unwrap_or_else(tools::call_id),
                     kind: "function",
                     function: FunctionCall {
                         name: c.name,
@@ -327,8 +327,9 @@ pub fn read_whole(
         Some(r) => r.split_full(text),
     };
     let mut e = tools.extract(content.as_deref().unwrap_or(""));
-    // No calls: the content as it was (null where the reasoning never closed).
-    if e.calls.is_empty() {
+    // No calls: the content as it was (null where the reasoning never closed), where the
+    // parser leaves it so.
+    if e.calls.is_empty() && !tools.reads_content() {
         e.content = content;
     }
     (reasoning, e)
@@ -393,7 +394,10 @@ fn tool_delta<'a>(role: Option<&'static str>, d: &'a tools::StreamDelta) -> Delt
         .calls
         .iter()
         .map(|c| ToolCallDelta {
-            id: c.name.as_ref().map(|_| tools::call_id()),
+            id: c
+                .name
+                .as_ref()
+                .map(|_| c.id.clone().unwrap_or_else(tools::call_id)),
             kind: c.name.as_ref().map(|_| "function"),
             index: c.index,
             function: FunctionDelta {

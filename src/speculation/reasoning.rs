@@ -160,7 +160,7 @@ impl Reasoning {
 /// `chat_template_kwargs`' thinking switch as each parser reads it (`None`: a shape
 /// specd does not read). qwen3: `enable_thinking`, on unless false; kimi_k2: on unless
 /// `thinking` or `enable_thinking` is given, then on if either is true.
-fn thinking(parser: ReasoningParser, kwargs: Option<&Value>) -> Option<bool> {
+pub(crate) fn thinking(parser: ReasoningParser, kwargs: Option<&Value>) -> Option<bool> {
     let kwargs = match kwargs {
         None | Some(Value::Null) => return Some(true),
         Some(Value::Object(m)) => m,
@@ -248,6 +248,15 @@ impl StreamSplit {
         match &self.inner {
             Inner::R1 { ended, .. } => *ended,
             Inner::Engine(s) => s.is_closed(),
+        }
+    }
+
+    /// What the tool phase is fed of the tokens of the step that ended reasoning (the
+    /// kimi_k2 reasoning parser's `extract_content_ids` of that step's one token).
+    pub fn content_ids(&self, id: u32) -> Vec<u32> {
+        match &self.inner {
+            Inner::R1 { .. } => vec![id],
+            Inner::Engine(s) => s.content_ids(id),
         }
     }
 

@@ -15,14 +15,23 @@
 //!   no text sends nothing (the last one an empty delta).
 
 pub mod hermes;
+pub mod kimi_k2;
 pub mod llama3_json;
 pub mod pyjson;
+pub mod schema;
 
-use crate::config::ToolCallParser;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::config::{ReasoningParser, ToolCallParser};
+use crate::tokens::ModelTokenizer;
 
 /// One parsed call of a whole answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
+    /// The id the model wrote (kimi_k2's header); `None`: a fresh random one.
+    pub id: Option<String>,
     pub name: String,
     /// `json.dumps` of the arguments the model wrote.
     pub arguments: String,
@@ -48,6 +57,8 @@ impl Extracted {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallDelta {
     pub index: u32,
+    /// The id of a call's first piece where the model wrote it (else a random one).
+    pub id: Option<String>,
     /// Set on the call's first piece, which also carries its id and type.
     pub name: Option<String>,
     pub arguments: Option<String>,
@@ -102,38 +113,127 @@ pub enum Choice {
 }
 
 /// The upstream's tool parser for one chat request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Tools {
     pub parser: ToolCallParser,
     pub choice: Choice,
+    /// A grammar-engine parser (kimi_k2): its grammar and the request's tools.
+    pub engine: Option<Arc<EngineTools>>,
+}
+
+/// What a grammar-engine tool parser needs of the model and the request.
+#[derive(Debug)]
+pub struct EngineTools {
+    pub grammar: Arc<kimi_k2::Grammar>,
+    /// The request's tools; `None` when it has none.
+    pub declared: Option<schema::Declared>,
 }
 
 impl Tools {
+    /// A classic (text-only) parser.
+    pub fn new(parser: ToolCallParser, choice: Choice) -> Self {
+        Tools {
+            parser,
+            choice,
+            engine: None,
+        }
+    }
+
+    /// `kimi_k2` for a request of `body` to a model of `tok`; `reasoning`: the kimi_k2
+    /// reasoning parser runs too. `None` where specd does not reproduce the parse (a
+    /// thinking switch or tools of a shape it does not read).
+    pub fn kimi_k2(
+        choice: Choice,
+        tok: &Arc<ModelTokenizer>,
+        body: &serde_json::Map<String, Value>,
+        reasoning: bool,
+    ) -> Option<Self> {
+        let kwargs = body.get("chat_template_kwargs");
+        let thinking = crate::speculation::reasoning::thinking(ReasoningParser::KimiK2, kwargs)?;
+        let declared = match body.get("tools").filter(|t| !t.is_null()) {
+            None => None,
+            Some(t) => Some(schema::Declared::of(t)?),
+        };
+        let one = tok.clone();
+        let grammar = kimi_k2::Grammar::new(
+            thinking,
+            !reasoning,
+            |t| tok.token_id(t),
+            &tok.special_tokens(),
+            Arc::new(move |id| one.token_text(id)),
+        );
+        Some(Tools {
+            parser: ToolCallParser::KimiK2,
+            choice,
+            engine: Some(Arc::new(EngineTools {
+                grammar: Arc::new(grammar),
+                declared,
+            })),
+        })
+    }
+
+    /// `tool_choice: "none"` with tools: the engine ignores call markup's events.
+    fn suppressed(&self, e: &EngineTools) -> bool {
+        self.choice == Choice::None && e.declared.is_some()
+    }
+
+    /// Whether vLLM keeps special tokens in the text for this request (the parsers'
+    /// `adjust_request`).
+    pub fn keeps_special_tokens(&self) -> bool {
+        self.choice == Choice::Auto
+            && matches!(self.parser, ToolCallParser::Hermes | ToolCallParser::KimiK2)
+    }
+
+    /// Whether a whole answer without calls keeps its content as it was (the classic
+    /// parsers), or as the parser read it (the engine drops call markup).
+    pub fn reads_content(&self) -> bool {
+        self.engine.is_some()
+    }
+
     /// A whole answer: content and calls (no calls with `tool_choice: none`).
     pub fn extract(&self, text: &str) -> Extracted {
+        if let Some(e) = &self.engine {
+            let p = kimi_k2::Parser::new(&e.grammar, self.suppressed(e));
+            let (content, calls) = p.whole(text, e.declared.as_ref());
+            let calls = match self.choice {
+                Choice::None => Vec::new(),
+                Choice::Auto => calls,
+            };
+            return blank_beside_calls(Extracted { content, calls });
+        }
         if self.choice == Choice::None {
             return Extracted::text(text);
         }
-        let mut e = match self.parser {
+        let e = match self.parser {
             ToolCallParser::Hermes => hermes::extract(text),
             ToolCallParser::Llama3Json => llama3_json::extract(text),
+            // Not reached: kimi_k2 always has its engine.
+            ToolCallParser::KimiK2 => Extracted::text(text),
         };
-        // The serving layer: beside calls, blank content is null.
-        let blank = |c: &str| hermes::strip(c).is_empty();
-        if !e.calls.is_empty() && e.content.as_deref().is_some_and(blank) {
-            e.content = None;
-        }
-        e
+        blank_beside_calls(e)
     }
-
     pub fn stream(&self) -> ToolStream {
+        let engine = self.engine.as_ref().map(|e| {
+            let suppress = self.suppressed(e);
+            Box::new(kimi_k2::Parser::new(&e.grammar, suppress))
+        });
         ToolStream {
-            tools: *self,
+            tools: self.clone(),
             text: String::new(),
             hermes: hermes::Stream::default(),
+            engine,
             called: false,
         }
     }
+}
+
+/// The serving layer: beside calls, blank content is null.
+fn blank_beside_calls(mut e: Extracted) -> Extracted {
+    let blank = |c: &str| hermes::strip(c).is_empty();
+    if !e.calls.is_empty() && e.content.as_deref().is_some_and(blank) {
+        e.content = None;
+    }
+    e
 }
 
 /// The streaming parse of one answer, fed the text released with each generated token.
@@ -143,13 +243,33 @@ pub struct ToolStream {
     /// The whole text so far (vLLM's `current_text`).
     text: String,
     hermes: hermes::Stream,
+    /// A grammar-engine parser's state.
+    engine: Option<Box<kimi_k2::Parser>>,
     /// Some step sent a call (vLLM's `tools_streamed`).
     called: bool,
 }
 
 impl ToolStream {
-    /// One step: the text released with one token; `last` when generation ends with it.
-    pub fn step(&mut self, released: &str, last: bool) -> Option<StreamDelta> {
+    /// One step: the text released with one token and the token ids the parser is fed
+    /// with it; `last` when generation ends with it.
+    pub fn step(&mut self, released: &str, ids: &[u32], last: bool) -> Option<StreamDelta> {
+        if let Some(p) = &mut self.engine {
+            let mut d = p.step(released, ids);
+            if self.tools.choice == Choice::None {
+                // vLLM runs the parse and drops the step's calls (not the flush's).
+                if let Some(d) = &mut d {
+                    d.calls.clear();
+                }
+            }
+            if last {
+                // `_flush_engine_parsers`: what the engine still holds.
+                if let Some(f) = p.finish() {
+                    d.get_or_insert_with(StreamDelta::default).append(f);
+                }
+            }
+            self.called |= d.as_ref().is_some_and(|d| !d.calls.is_empty());
+            return d;
+        }
         if self.tools.choice == Choice::None {
             return (!released.is_empty()).then(|| StreamDelta {
                 content: Some(released.to_string()),
@@ -159,8 +279,9 @@ impl ToolStream {
         self.text.push_str(released);
         let mut d = match self.tools.parser {
             ToolCallParser::Hermes => self.hermes.step(&self.text)?,
-            // Not reached: such a stream passes through (policy). Plain text if it were.
-            ToolCallParser::Llama3Json => StreamDelta {
+            // Not reached: such a stream passes through (policy), and kimi_k2 has its
+            // engine. Plain text if it were.
+            ToolCallParser::Llama3Json | ToolCallParser::KimiK2 => StreamDelta {
                 content: (!released.is_empty()).then(|| released.to_string()),
                 calls: Vec::new(),
             },

@@ -112,6 +112,61 @@ pub fn tools_upstream(parser: &str, reasoning: Option<&str>) -> String {
     named_upstream("agent-tools", &served, &extra)
 }
 
+/// URL of a real vLLM serving the `agent-tools-kimi` model (scripts/train_tools_kimi.py)
+/// in float32 with `--enable-auto-tool-choice --tool-call-parser kimi_k2` (and
+/// `--reasoning-parser kimi_k2` with `reasoning`): `SPECD_TEST_KIMI_TOOLS_UPSTREAM` (or
+/// `SPECD_TEST_KIMI_TOOLS_REASONING_UPSTREAM`), else started by
+/// scripts/vllm-cpu-upstream.sh as its own named server (`kimi_tools_served`).
+pub fn kimi_tools_upstream(reasoning: bool) -> String {
+    if let Ok(u) = std::env::var(kimi_tools_var(reasoning)) {
+        return u;
+    }
+    let mut extra =
+        "--dtype float32 --enable-auto-tool-choice --tool-call-parser kimi_k2".to_string();
+    if reasoning {
+        extra.push_str(" --reasoning-parser kimi_k2");
+    }
+    named_upstream(KIMI_TOOLS_MODEL, &kimi_tools_served(reasoning), &extra)
+}
+
+pub const KIMI_TOOLS_MODEL: &str = "agent-tools-kimi";
+
+pub fn kimi_tools_served(reasoning: bool) -> String {
+    let mut s = "specd-agent-tools-kimi-kimi_k2".to_string();
+    if reasoning {
+        s.push_str("-kimi_k2");
+    }
+    s
+}
+
+fn kimi_tools_var(reasoning: bool) -> &'static str {
+    if reasoning {
+        "SPECD_TEST_KIMI_TOOLS_REASONING_UPSTREAM"
+    } else {
+        "SPECD_TEST_KIMI_TOOLS_UPSTREAM"
+    }
+}
+
+/// Stops a kimi_k2 tools server when dropped (one test uses each; its memory goes back
+/// to the servers of the tests still running), unless the environment gave it.
+pub struct StopKimiTools(pub bool);
+
+impl Drop for StopKimiTools {
+    fn drop(&mut self) {
+        if std::env::var(kimi_tools_var(self.0)).is_ok() {
+            return;
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let _ = Command::new("bash")
+            .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
+            .arg("stop")
+            .env("SPECD_VLLM_MODEL", KIMI_TOOLS_MODEL)
+            .env("SPECD_VLLM_SERVED_NAME", kimi_tools_served(self.0))
+            .stderr(Stdio::inherit())
+            .output();
+    }
+}
+
 /// Stop the `agent` server of a reasoning parser that only one test uses, so that its
 /// memory is free for the servers of the tests still running (a 24 GiB machine ran out
 /// with eight vLLM servers of the test models and SGLang up at once). Not the shared

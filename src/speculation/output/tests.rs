@@ -201,10 +201,7 @@ fn tool_calls_as_vllm_writes_them() {
     use crate::speculation::generation::FinishReason;
     use crate::speculation::tools::{CallDelta, Choice, StreamDelta, ToolPiece, Tools};
     let mut s = shape(Endpoint::Chat, false);
-    s.tools = Some(Tools {
-        parser: ToolCallParser::Hermes,
-        choice: Choice::Auto,
-    });
+    s.tools = Some(Tools::new(ToolCallParser::Hermes, Choice::Auto));
     let stop = Finish {
         reason: FinishReason::Stop,
         stop_reason: json!(3),
@@ -234,11 +231,13 @@ fn tool_calls_as_vllm_writes_them() {
             calls: vec![
                 CallDelta {
                     index: 0,
+                    id: None,
                     name: Some("f".into()),
                     arguments: None,
                 },
                 CallDelta {
                     index: 0,
+                    id: None,
                     name: None,
                     arguments: Some("{\"x\"".into()),
                 },
@@ -282,10 +281,7 @@ fn reasoning_with_tool_calls_as_vllm_writes_them() {
     use crate::speculation::tools::{Choice, StreamDelta, ToolPiece, Tools};
     let mut s = shape(Endpoint::Chat, false);
     s.reasoning = Some(Reasoning::with_ids(ReasoningParser::DeepseekR1, 6, 7));
-    s.tools = Some(Tools {
-        parser: ToolCallParser::Hermes,
-        choice: Choice::Auto,
-    });
+    s.tools = Some(Tools::new(ToolCallParser::Hermes, Choice::Auto));
     let stop = Finish {
         reason: crate::speculation::generation::FinishReason::Stop,
         stop_reason: json!(3),

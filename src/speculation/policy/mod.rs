@@ -17,7 +17,9 @@ use super::controller::Controller;
 use super::reasoning::Reasoning;
 use super::request::{Endpoint, GenRequest, Intake};
 use super::tools::{Choice, Tools};
-use crate::config::{ReasoningParserArg, SpecMode, ToolCallParser, ToolCallParserArg};
+use crate::config::{
+    ReasoningParser, ReasoningParserArg, SpecMode, ToolCallParser, ToolCallParserArg,
+};
 use crate::metrics::labels::PassthroughReason as Reason;
 use crate::protocol::lax;
 use crate::tokens::ModelTokenizer;
@@ -100,12 +102,13 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     if parsed && backend.kind() != "vllm" {
         return pass(Reason::Parser, gen);
     }
-    let tools = match tools_for(c, chat, &gen) {
+    let tools = match tools_for(c, chat, &gen, &tokenizer) {
         Ok(t) => t,
         Err(reason) => return pass(reason, gen),
     };
-    if tools.is_some_and(|t| t.choice == Choice::Auto && t.parser == ToolCallParser::Hermes) {
-        // vLLM's hermes parser keeps special tokens for tool calls (`adjust_request`).
+    if tools.as_ref().is_some_and(Tools::keeps_special_tokens) {
+        // vLLM's hermes and kimi_k2 parsers keep special tokens for tool calls
+        // (`adjust_request`).
         gen.skip_special_tokens = false;
     }
     // Special tokens kept in the text, spaced the way a Python tokenizer class spaces them.
@@ -148,7 +151,12 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
 /// it must pass through: tools without a parser specd knows the upstream to run
 /// (vLLM's own answer, an error for `auto`, is the reference), or a parser specd does not
 /// implement (it shapes every chat answer, with tools or not).
-fn tools_for(c: &Conditions<'_>, chat: bool, gen: &GenRequest) -> Result<Option<Tools>, Reason> {
+fn tools_for(
+    c: &Conditions<'_>,
+    chat: bool,
+    gen: &GenRequest,
+    tok: &Arc<ModelTokenizer>,
+) -> Result<Option<Tools>, Reason> {
     if !chat {
         return Ok(None);
     }
@@ -161,11 +169,30 @@ fn tools_for(c: &Conditions<'_>, chat: bool, gen: &GenRequest) -> Result<Option<
         (Some(ToolCallParserArg::Known(p)), Some(Choice::Auto)) if gen.stream && !p.streams() => {
             Err(Reason::Parser)
         }
-        (Some(ToolCallParserArg::Known(parser)), choice) => Ok(Some(Tools {
-            parser: *parser,
-            choice: choice.unwrap_or(Choice::None),
-        })),
+        (Some(ToolCallParserArg::Known(ToolCallParser::KimiK2)), choice) => {
+            kimi_k2_for(c, gen, tok, choice.unwrap_or(Choice::None)).map(Some)
+        }
+        (Some(ToolCallParserArg::Known(parser)), choice) => {
+            Ok(Some(Tools::new(*parser, choice.unwrap_or(Choice::None))))
+        }
     }
+}
+
+/// kimi_k2 runs on vLLM's grammar engine, composed the engine way with no reasoning
+/// parser or with its own; beside any other reasoning parser vLLM composes it another
+/// way, which specd does not reproduce.
+fn kimi_k2_for(
+    c: &Conditions<'_>,
+    gen: &GenRequest,
+    tok: &Arc<ModelTokenizer>,
+    choice: Choice,
+) -> Result<Tools, Reason> {
+    let reasoning = match c.reasoning {
+        None => false,
+        Some(ReasoningParserArg::Known(ReasoningParser::KimiK2)) => true,
+        Some(_) => return Err(Reason::Parser),
+    };
+    Tools::kimi_k2(choice, tok, &gen.body, reasoning).ok_or(Reason::Parser)
 }
 
 /// The split specd reproduces for this chat request; `None`: it must pass through (a

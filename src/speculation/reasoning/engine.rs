@@ -48,7 +48,7 @@ impl fmt::Debug for Texts {
 /// One parser config bound to the model's vocabulary.
 #[derive(Debug)]
 pub struct Grammar {
-    lits: Vec<Literal>,
+    lits: Vec<Literal<Term>>,
     ids: HashMap<u32, Term>,
     /// `strip_trailing_reasoning_whitespace` (kimi_k2).
     strip_ws: bool,
@@ -246,7 +246,7 @@ struct Engine {
     g: Arc<Grammar>,
     state: State,
     lexer: Lexer,
-    scanner: Scanner,
+    scanner: Scanner<Term>,
     ever_ids: bool,
     count: u32,
     ended: bool,
@@ -304,7 +304,7 @@ impl Engine {
         }
     }
 
-    fn items(&mut self, items: Vec<Scanned>) -> Vec<Ev> {
+    fn items(&mut self, items: Vec<Scanned<Term>>) -> Vec<Ev> {
         let g = self.g.clone();
         let mut events = Vec::new();
         for item in items {
@@ -330,7 +330,7 @@ impl Engine {
         events
     }
 
-    fn lexed(&mut self, tokens: Vec<Lexed>) -> Vec<Ev> {
+    fn lexed(&mut self, tokens: Vec<Lexed<Term>>) -> Vec<Ev> {
         let mut events = Vec::new();
         for t in tokens {
             match t {
@@ -450,6 +450,19 @@ impl Stream {
 
     pub fn is_closed(&self) -> bool {
         self.ended
+    }
+
+    /// kimi_k2's `extract_content_ids` of one token: nothing of a `</think>` (or any
+    /// other token), a tool-section opener itself; every token with thinking off.
+    pub fn content_ids(&self, id: u32) -> Vec<u32> {
+        let g = &self.engine.g;
+        if !g.thinking {
+            return vec![id];
+        }
+        match g.ids.get(&id) {
+            Some(Term::ImplicitEnd) => vec![id],
+            _ => Vec::new(),
+        }
     }
 
     /// The reasoning token count vLLM reports for the stream so far, where the engine

@@ -10,11 +10,24 @@ use std::collections::{HashMap, VecDeque};
 
 use super::engine::Term;
 
+/// What a marker stands for: one grammar's terminal names (`Term` for the reasoning
+/// side, the tool-call grammars' own). `Drop` is a special token the grammar does not
+/// name.
+pub trait Terminal: Copy + PartialEq + std::fmt::Debug {
+    fn is_drop(self) -> bool;
+}
+
+impl Terminal for Term {
+    fn is_drop(self) -> bool {
+        self == Term::Drop
+    }
+}
+
 /// A literal marker and what it stands for.
 #[derive(Debug, Clone)]
-pub struct Literal {
+pub struct Literal<T = Term> {
     pub text: String,
-    pub term: Term,
+    pub term: T,
     /// Its terminal is also matched by token id: once ids are seen, its text alone is
     /// plain text.
     pub by_id: bool,
@@ -22,10 +35,10 @@ pub struct Literal {
 
 /// A piece the lexer hands on: a marker, or plain text with the tokens it carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lexed {
+pub enum Lexed<T = Term> {
     /// A marker matched in the text: what it stands for, its text, its tokens, and
     /// whether its terminal is also matched by id.
-    Term(Term, String, u32, bool),
+    Term(T, String, u32, bool),
     Text(String, u32),
 }
 
@@ -38,13 +51,13 @@ pub struct Lexer {
 
 impl Lexer {
     /// `feed`: the text, the texts of its tokens (to place their counts) and how many.
-    pub fn feed(
+    pub fn feed<T: Terminal>(
         &mut self,
-        lits: &[Literal],
+        lits: &[Literal<T>],
         text: &str,
         token_texts: &[String],
         token_count: u32,
-    ) -> Vec<Lexed> {
+    ) -> Vec<Lexed<T>> {
         let counts = char_token_counts(text, token_texts, token_count);
         if self.buffer.is_empty() && !has_first_char(lits, text) {
             return vec![Lexed::Text(text.to_string(), counts.iter().sum())];
@@ -55,7 +68,7 @@ impl Lexer {
     }
 
     /// `flush`: the end of the text; a held suffix is plain text.
-    pub fn flush(&mut self, lits: &[Literal]) -> Vec<Lexed> {
+    pub fn flush<T: Terminal>(&mut self, lits: &[Literal<T>]) -> Vec<Lexed<T>> {
         let mut out = Vec::new();
         if !self.buffer.is_empty() {
             out = self.drain(lits, true);
@@ -78,7 +91,7 @@ impl Lexer {
         (text, n)
     }
 
-    fn drain(&mut self, lits: &[Literal], last: bool) -> Vec<Lexed> {
+    fn drain<T: Terminal>(&mut self, lits: &[Literal<T>], last: bool) -> Vec<Lexed<T>> {
         let mut out = Vec::new();
         while !self.buffer.is_empty() {
             if !has_first_char(lits, &self.buffer) {
@@ -89,7 +102,7 @@ impl Lexer {
             let best = lits
                 .iter()
                 .filter(|l| self.buffer.starts_with(&l.text))
-                .fold(None::<&Literal>, |b, l| match b {
+                .fold(None::<&Literal<T>>, |b, l| match b {
                     Some(b) if b.text.len() >= l.text.len() => Some(b),
                     _ => Some(l),
                 });
@@ -114,19 +127,19 @@ impl Lexer {
     }
 }
 
-fn has_first_char(lits: &[Literal], text: &str) -> bool {
+fn has_first_char<T>(lits: &[Literal<T>], text: &str) -> bool {
     lits.iter()
         .filter_map(|l| l.text.chars().next())
         .any(|c| text.contains(c))
 }
 
 /// `buffer in prefix_set`: a proper prefix of some literal.
-fn is_proper_prefix(lits: &[Literal], buf: &str) -> bool {
+fn is_proper_prefix<T>(lits: &[Literal<T>], buf: &str) -> bool {
     lits.iter()
         .any(|l| l.text.len() > buf.len() && l.text.starts_with(buf))
 }
 
-fn longer_starts(lits: &[Literal], buf: &str, than: usize) -> bool {
+fn longer_starts<T>(lits: &[Literal<T>], buf: &str, than: usize) -> bool {
     let first = buf.chars().next();
     lits.iter()
         .any(|l| l.text.chars().next() == first && l.text.len() > than && l.text.starts_with(buf))
@@ -134,7 +147,7 @@ fn longer_starts(lits: &[Literal], buf: &str, than: usize) -> bool {
 
 /// `_find_content_boundary`: the first position after the start where a literal, or
 /// the start of one cut by the end of the buffer, begins.
-fn content_boundary(lits: &[Literal], buf: &str) -> usize {
+fn content_boundary<T>(lits: &[Literal<T>], buf: &str) -> usize {
     for (i, c) in buf.char_indices().skip(1) {
         let rest = &buf[i..];
         let hit = lits.iter().any(|l| {
@@ -173,19 +186,19 @@ fn char_token_counts(text: &str, token_texts: &[String], token_count: u32) -> Ve
 
 /// One item of the scanner's output.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scanned {
+pub enum Scanned<T = Term> {
     Text {
         text: String,
         token_texts: Vec<String>,
         count: u32,
     },
     Term {
-        term: Term,
+        term: T,
         text: String,
     },
 }
 
-impl Scanned {
+impl<T> Scanned<T> {
     fn text(text: &str, count: u32) -> Self {
         Scanned::Text {
             text: text.to_string(),
@@ -203,29 +216,39 @@ impl Scanned {
 
 /// A marker token whose text has not been released yet (`_deferred_terminals`).
 #[derive(Debug, Clone)]
-struct Deferred {
-    term: Term,
+struct Deferred<T> {
+    term: T,
     text: String,
     prefix_count: u32,
 }
 
 /// `TokenIDScanner`: splits marker token ids (and the special tokens the engine drops)
 /// off a step's text.
-#[derive(Debug, Clone, Default)]
-pub struct Scanner {
-    deferred: Vec<Deferred>,
+#[derive(Debug, Clone)]
+pub struct Scanner<T = Term> {
+    deferred: Vec<Deferred<T>>,
     trailing: u32,
     post_text: String,
 }
 
-impl Scanner {
+impl<T> Default for Scanner<T> {
+    fn default() -> Self {
+        Scanner {
+            deferred: Vec::new(),
+            trailing: 0,
+            post_text: String::new(),
+        }
+    }
+}
+
+impl<T: Terminal> Scanner<T> {
     /// `scan`: `ids` maps marker ids to terms; `texts` are the step's tokens' texts.
     pub fn scan(
         &mut self,
-        ids: &HashMap<u32, Term>,
+        ids: &HashMap<u32, T>,
         text: &str,
         step: &[(u32, String)],
-    ) -> Vec<Scanned> {
+    ) -> Vec<Scanned<T>> {
         let (mut prefix, mut effective, mut trailing) = (Vec::new(), text.to_string(), 0);
         if !self.deferred.is_empty() {
             (prefix, effective, trailing) = self.resolve(text, step.len() as u32);
@@ -270,7 +293,7 @@ impl Scanner {
     }
 
     /// `flush_pending`: at the end, markers still waiting for their text.
-    pub fn flush(&mut self) -> Vec<Scanned> {
+    pub fn flush(&mut self) -> Vec<Scanned<T>> {
         let mut out = Vec::new();
         if self.deferred.is_empty() && self.post_text.is_empty() {
             return out;
@@ -292,7 +315,7 @@ impl Scanner {
     }
 
     /// `_resolve_deferred`: place waiting markers in the newly released text.
-    fn resolve(&mut self, text: &str, step_count: u32) -> (Vec<Scanned>, String, u32) {
+    fn resolve(&mut self, text: &str, step_count: u32) -> (Vec<Scanned<T>>, String, u32) {
         let deferred = std::mem::take(&mut self.deferred);
         let mut trailing = std::mem::take(&mut self.trailing);
         let mut out = Vec::new();
@@ -327,7 +350,7 @@ impl Scanner {
     }
 
     /// `_recover_holdback_text`: released text beyond the step's tokens comes first.
-    fn recover_holdback(&mut self, text: &str, results: Vec<Scanned>) -> Vec<Scanned> {
+    fn recover_holdback(&mut self, text: &str, results: Vec<Scanned<T>>) -> Vec<Scanned<T>> {
         if results.is_empty() {
             return vec![Scanned::text(text, 0)];
         }
@@ -350,7 +373,7 @@ impl Scanner {
 
     /// `_rebuild_from_anchors`: the markers, placed right to left in the released text,
     /// cut it; a marker not found waits.
-    fn rebuild(&mut self, text: &str, results: Vec<Scanned>) -> Vec<Scanned> {
+    fn rebuild(&mut self, text: &str, results: Vec<Scanned<T>>) -> Vec<Scanned<T>> {
         let mut groups: Vec<(Vec<String>, u32)> = vec![(Vec::new(), 0)];
         let mut anchors = Vec::new();
         for r in results {
@@ -397,7 +420,7 @@ impl Scanner {
                 }
                 None => {
                     let later = positions[i + 1..].iter().any(Option::is_some);
-                    if !later && consumed < text.len() && term != Term::Drop {
+                    if !later && consumed < text.len() && !term.is_drop() {
                         self.post_text.push_str(&text[consumed..]);
                         consumed = text.len();
                     }
@@ -422,10 +445,10 @@ impl Scanner {
 }
 
 /// The step's tokens in order: marker ids as terms, runs of other tokens as text.
-fn split_by_ids(ids: &HashMap<u32, Term>, step: &[(u32, String)]) -> Vec<Scanned> {
+fn split_by_ids<T: Terminal>(ids: &HashMap<u32, T>, step: &[(u32, String)]) -> Vec<Scanned<T>> {
     let mut out = Vec::new();
     let mut run: Vec<String> = Vec::new();
-    let close = |run: &mut Vec<String>, out: &mut Vec<Scanned>| {
+    let close = |run: &mut Vec<String>, out: &mut Vec<Scanned<T>>| {
         let text: String = run.concat();
         if !text.is_empty() {
             out.push(Scanned::Text {

@@ -65,6 +65,7 @@ fn call_of(v: &PyValue) -> Option<Call> {
     };
     let arguments = pyjson::dumps(v.get("arguments")?);
     Some(Call {
+        id: None,
         name: name.clone(),
         arguments,
     })
@@ -159,6 +160,7 @@ impl Stream {
                 self.names[i] = Some(name.to_string());
                 calls.push(CallDelta {
                     index: i as u32,
+                    id: None,
                     name: Some(name.to_string()),
                     arguments: None,
                 });
@@ -166,6 +168,7 @@ impl Stream {
             if let Some(diff) = self.args_diff(i, tc_json, complete) {
                 calls.push(CallDelta {
                     index: i as u32,
+                    id: None,
                     name: None,
                     arguments: Some(diff),
                 });

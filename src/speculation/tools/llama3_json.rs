@@ -53,6 +53,7 @@ fn call_of(obj: &PyValue) -> Option<Call> {
         None => obj.get("parameters")?,
     };
     Some(Call {
+        id: None,
         name: name.clone(),
         arguments: pyjson::dumps(args),
     })

@@ -1,10 +1,7 @@
 use super::*;
 
 fn hermes(choice: Choice) -> Tools {
-    Tools {
-        parser: ToolCallParser::Hermes,
-        choice,
-    }
+    Tools::new(ToolCallParser::Hermes, choice)
 }
 
 #[test]
@@ -13,8 +10,11 @@ fn none_reads_text_as_content() {
     let text = "a <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
     assert_eq!(t.extract(text), Extracted::text(text));
     let mut s = t.stream();
-    assert_eq!(s.step("", false), None);
-    assert_eq!(s.step("x", false).and_then(|d| d.content), Some("x".into()));
+    assert_eq!(s.step("", &[], false), None);
+    assert_eq!(
+        s.step("x", &[], false).and_then(|d| d.content),
+        Some("x".into())
+    );
     assert!(!s.called());
 }
 
@@ -25,6 +25,7 @@ fn merged_steps_join_argument_fragments() {
         content: None,
         calls: vec![CallDelta {
             index: 0,
+            id: None,
             name: name.map(str::to_string),
             arguments: args.map(str::to_string),
         }],
@@ -83,10 +84,7 @@ fn llama3_json_equals_vllm() {
     }
     let cases: Vec<Case> =
         serde_json::from_str(include_str!("llama3_json_vllm.json")).expect("reference json");
-    let t = Tools {
-        parser: ToolCallParser::Llama3Json,
-        choice: Choice::Auto,
-    };
+    let t = Tools::new(ToolCallParser::Llama3Json, Choice::Auto);
     assert!(cases.len() > 20);
     for c in &cases {
         let e = t.extract(&c.text);

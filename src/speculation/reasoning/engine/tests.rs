@@ -164,14 +164,12 @@ fn engine_with_hermes_equals_vllm() {
             texts,
         );
         let r = Reasoning::with_grammar(ReasoningParser::Qwen3, g);
-        let tools = Tools {
-            parser: ToolCallParser::Hermes,
-            choice: if c.choice == "none" {
-                Choice::None
-            } else {
-                Choice::Auto
-            },
+        let choice = if c.choice == "none" {
+            Choice::None
+        } else {
+            Choice::Auto
         };
+        let tools = Tools::new(ToolCallParser::Hermes, choice);
         let text: String = c.steps.iter().map(|s| s.text.as_str()).collect();
         let what = format!("{} {:?} {text:?}", c.choice, c.prompt);
         let (reasoning, e) = read_whole(Some(&r), &tools, &text);
