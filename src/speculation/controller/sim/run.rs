@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::model::{Scenario, Upstream};
+use super::model::{Draw, Draws, Scenario, Upstream, SLOT};
 use crate::config::SpecMode;
 use crate::draft::{DrafterKind, Proposal};
 use crate::inflight::{InFlight, InFlightGuard};
@@ -73,6 +73,8 @@ enum Work {
 }
 
 struct Request {
+    /// The stream's index and the request's number in it: where its draws are keyed.
+    key: [u64; 2],
     ctl: StreamCtl,
     generated: u32,
     relayed: u32,
@@ -99,7 +101,7 @@ pub struct Sim<'a> {
     clock: Arc<VirtualClock>,
     ctl: Arc<Controller>,
     in_flight: Arc<InFlight>,
-    rng: fastrand::Rng,
+    draws: Draws,
     start: Instant,
     out: Outcome,
     next_id: u64,
@@ -127,7 +129,7 @@ impl<'a> Sim<'a> {
             clock,
             ctl: Arc::new(ctl),
             in_flight,
-            rng: fastrand::Rng::with_seed(sc.seed),
+            draws: Draws::new(sc.seed),
             out: Outcome::default(),
             next_id: 0,
             trace: std::env::var_os("SPECD_SIM_TRACE").is_some(),
@@ -149,7 +151,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn new_request(&mut self) -> (Work, Request) {
+    fn new_request(&mut self, key: [u64; 2]) -> (Work, Request) {
         self.next_id += 1;
         let watched = match self.mode {
             Mode::Plain => false,
@@ -157,6 +159,7 @@ impl<'a> Sim<'a> {
             Mode::Auto(_) => self.ctl.watch_auto(),
         };
         let req = Request {
+            key,
             ctl: StreamCtl::new(true, self.sc.seed ^ self.next_id),
             generated: 0,
             relayed: 0,
@@ -189,13 +192,17 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// What the drafter proposes at position `g`: each draft right with the script's
-    /// probability given the previous ones were.
-    fn propose(&mut self, g: u32, k: usize) -> Proposal {
+    /// What the drafter proposes at position `g` of request `key`: each draft right with
+    /// the script's probability given the previous ones were (the same drafts in every
+    /// mode, as a real drafter proposes the same for the same context).
+    fn propose(&self, key: [u64; 2], g: u32, k: usize) -> Proposal {
         let mut tokens = Vec::with_capacity(k);
         let mut right = true;
         for i in 0..k {
-            right = right && self.rng.f64() < self.sc.acceptance.p(g, i);
+            let u = self
+                .draws
+                .unit(Draw::Draft, &[key[0], key[1], u64::from(g), i as u64]);
+            right = right && u < self.sc.acceptance.p(g, i);
             let pos = g + i as u32;
             tokens.push(if right { truth(pos) } else { truth(pos) + 1 });
         }
@@ -213,7 +220,7 @@ impl<'a> Sim<'a> {
     fn start_round(&mut self, r: &mut Request, pending: Option<Proposal>, decided: bool) -> Work {
         let remaining = self.remaining(r);
         let cap = self.k_max().min(remaining.saturating_sub(1) as usize);
-        let mut p = pending.unwrap_or_else(|| self.propose(r.generated, cap));
+        let mut p = pending.unwrap_or_else(|| self.propose(r.key, r.generated, cap));
         p.tokens.truncate(cap);
         p.confidence.truncate(cap);
         let mode = if matches!(self.mode, Mode::Auto(_)) {
@@ -258,9 +265,9 @@ impl<'a> Sim<'a> {
 
 impl Sim<'_> {
     pub fn run(mut self) -> Outcome {
-        let mut streams: Vec<Stream> = (0..self.sc.streams)
-            .map(|_| {
-                let (work, req) = self.new_request();
+        let mut streams: Vec<Stream> = (0..self.sc.streams as u64)
+            .map(|i| {
+                let (work, req) = self.new_request([i, 0]);
                 Stream {
                     work,
                     req,
@@ -364,17 +371,25 @@ impl Sim<'_> {
         }
         let nz = self.sc.noise;
         seqs += nz.others as usize;
-        prefill |= nz.others > 0 && self.rng.f64() < nz.others_prefill;
-        let mut cost = self.up.step_cost(seqs, prefill, drafts);
-        cost *= 1.0 + nz.jitter * (2.0 * self.rng.f64() - 1.0);
-        if let Some((from, to, factor)) = nz.spike {
-            let at = self.now().saturating_duration_since(self.start);
+        // The machine's noise is drawn per time slot (`Draws`): its speed at the slot the
+        // step starts in, and the stalls and other clients' arrivals of the slots the step
+        // spans.
+        let at = self.now().saturating_duration_since(self.start);
+        let d = self.draws;
+        let mut factor = 1.0 + nz.jitter * (2.0 * d.unit(Draw::Jitter, &[slot_of(at)]) - 1.0);
+        if let Some((from, to, f)) = nz.spike {
             if at >= from && at < to {
-                cost *= factor;
+                factor *= f;
             }
         }
-        if nz.stall > 0.0 && self.rng.f64() < nz.stall {
-            cost += 0.1 + 0.2 * self.rng.f64();
+        let span = slots(at, self.up.step_cost(seqs, prefill, drafts) * factor);
+        prefill |= nz.others > 0
+            && span
+                .clone()
+                .any(|s| d.unit(Draw::OtherPrefill, &[s]) < nz.others_prefill);
+        let mut cost = self.up.step_cost(seqs, prefill, drafts) * factor;
+        for s in span.filter(|&s| nz.stall > 0.0 && d.unit(Draw::Stall, &[s]) < nz.stall) {
+            cost += 0.1 + 0.2 * d.unit(Draw::StallLength, &[s]);
         }
         (cost, seqs)
     }
@@ -457,7 +472,13 @@ impl Sim<'_> {
     ) -> Work {
         let held = held + 1;
         let b = self.sc.noise.burst;
-        if b > 0.0 && held < 4 && self.rng.f64() < b {
+        let key = [
+            s.req.key[0],
+            s.req.key[1],
+            u64::from(s.req.generated),
+            held.into(),
+        ];
+        if b > 0.0 && held < 4 && self.draws.unit(Draw::Burst, &key) < b {
             return Work::Relay {
                 t,
                 join_at,
@@ -479,7 +500,7 @@ impl Sim<'_> {
             }
             let remaining = self.remaining(&s.req);
             let cap = self.k_max().min(remaining.saturating_sub(1) as usize);
-            let p = self.propose(s.req.generated, cap);
+            let p = self.propose(s.req.key, s.req.generated, cap);
             if let Some(p) = t.proposed(&self.ctl, &mut s.req.ctl, p, remaining as usize) {
                 // Tokens the relay had buffered beyond this one are dropped with it.
                 return Work::Round(Some(p), true);
@@ -525,10 +546,22 @@ impl Sim<'_> {
             s.finished_at = Some(self.now());
             return Work::Finished;
         }
-        let (work, req) = self.new_request();
+        let (work, req) = self.new_request([s.req.key[0], s.done_requests.into()]);
         s.req = req;
         work
     }
+}
+
+/// The time slot `at` lies in.
+fn slot_of(at: Duration) -> u64 {
+    (at.as_nanos() / SLOT.as_nanos()) as u64
+}
+
+/// The time slots that start within `secs` from `at`.
+fn slots(at: Duration, secs: f64) -> std::ops::Range<u64> {
+    let (from, w) = (at.as_nanos(), SLOT.as_nanos());
+    let to = from + Duration::from_secs_f64(secs.max(0.0)).as_nanos();
+    (from.div_ceil(w) as u64)..(to.div_ceil(w) as u64)
 }
 
 fn takes_part(w: &Work, now: Instant) -> bool {
