@@ -279,8 +279,8 @@ impl Controller {
 
     /// Marks `prompts` verify prompts as in flight at the upstream while the guard lives.
     pub fn verifying(self: &Arc<Self>, prompts: usize) -> Verifying {
-        self.load.start_verify(prompts, self.now());
-        Verifying(self.clone(), prompts)
+        let id = self.load.start_verify(prompts, self.now());
+        Verifying(self.clone(), prompts, id)
     }
 
     /// Marks the caller as relaying while the guard lives.
@@ -359,9 +359,17 @@ impl Controller {
         }
     }
 
-    /// A verify call of k drafts while `spec` streams (this one included) speculated.
+    /// A verify call of k drafts while `spec` streams (this one included) speculated,
+    /// ended now (its `Verifying` guard dropped). Recorded as the cost of the drafts per
+    /// call of the verify calls beside it: their steps cost what all their drafts cost, so
+    /// a stream that verifies fewer drafts than the batch beside it pays the batch's step.
     pub fn record_verify(&self, k: usize, spec: usize, dt: Duration) {
-        let v = self.costs.add_verify(k, spec, dt.as_secs_f64(), self.now());
+        let now = self.now();
+        let k = self
+            .load
+            .batch_drafts(dt, now)
+            .map_or(k, |m| m.round() as usize);
+        let v = self.costs.add_verify(k, spec, dt.as_secs_f64(), now);
         if let (Some(m), Some(v)) = (&self.metrics, v) {
             m.verify_cost
                 .with_label_values(&[K_LABELS[k.min(K_TRACKED)]])
@@ -465,10 +473,10 @@ impl Drop for Active {
     }
 }
 
-pub struct Verifying(Arc<Controller>, usize);
+pub struct Verifying(Arc<Controller>, usize, u64);
 impl Drop for Verifying {
     fn drop(&mut self) {
-        self.0.load.end_verify(self.1);
+        self.0.load.end_verify(self.2, self.1, self.0.now());
     }
 }
 
