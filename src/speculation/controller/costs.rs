@@ -386,14 +386,14 @@ impl CostModel {
     }
 
     /// How old T_dec may get before a speculating stream re-measures it: the probe
-    /// interval, or an eighth of it where the decision `hinges` on T_dec (a speedup
+    /// interval, or a quarter of it where the decision `hinges` on T_dec (a speedup
     /// estimated under `DEC_HINGES`). A decode cost measured in a load spike otherwise kept
     /// a batch verifying hopeless drafts (plain decoding looked as slow as a verify) until
     /// the full interval; and where speculation wins by far, the estimate's precision does
     /// not matter, so a few samples are enough and no probe relays sooner.
     pub(super) fn decode_probe_every(&self, hinges: bool) -> Duration {
         if hinges {
-            self.probe_interval / 8
+            self.probe_interval / 4
         } else {
             self.probe_interval
         }

@@ -111,7 +111,7 @@
 //! in `watch_every`, and one per probe interval, is still watched).
 //!
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
-//! the probe interval (an eighth of it where the decision hinges on T_dec: an estimated
+//! the probe interval (a quarter of it where the decision hinges on T_dec: an estimated
 //! speedup under 1.2), one speculating stream relays a few tokens to re-measure it; when
 //! its verify cost is stale, one relaying stream runs a verify round if an optimistic
 //! estimate says it could pay — the older the estimate, the more optimistic (a verify
