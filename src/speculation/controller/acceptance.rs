@@ -1,9 +1,10 @@
-//! The acceptance model: per drafter, a calibration of its confidences (by position group
-//! and confidence decile, with the confidence itself as the prior), and per stream a
-//! residual that tracks how this stream deviates from it right now.
+//! The acceptance model: per drafter, a calibration of its confidences (by position in the
+//! proposal and confidence decile), and per stream a residual that tracks how this stream
+//! deviates from it right now.
 
 use std::sync::Mutex;
 
+use super::K_TRACKED;
 use crate::draft::DrafterKind;
 
 /// Learning rates of the per-stream acceptance residual: a slow one that is used, and a
@@ -14,33 +15,53 @@ const RESIDUAL_SLOW: f64 = 0.05;
 const RESIDUAL_FAST: f64 = 0.3;
 const RESIDUAL_JUMP: f64 = 0.3;
 
-/// One drafter's confidence calibration.
+/// Positions calibrated apart: every one K can reach (deeper ones share the last).
+const POSITIONS: usize = K_TRACKED;
+/// Weight of the confidence itself as the prior of the first position, in observations.
+const CONF_WEIGHT: f64 = 2.0;
+/// Weight of a later position's prior, in observations: enough that one rejection at a position few
+/// proposals reach does not condemn it (K then stays below it, and it is never observed
+/// again).
+const PRIOR_WEIGHT: f64 = 8.0;
+
+/// One drafter's confidence calibration: per position in the proposal (a drafter's later
+/// drafts are usually worse, and how much worse decides how long a round pays) and
+/// confidence decile.
 #[derive(Clone, Copy)]
 struct Calibration {
-    rate: [[f64; 10]; 4],
-    n: [[u32; 10]; 4],
+    rate: [[f64; 10]; POSITIONS],
+    n: [[u32; 10]; POSITIONS],
 }
 
 impl Default for Calibration {
     fn default() -> Self {
         Calibration {
-            rate: [[0.0; 10]; 4],
-            n: [[0; 10]; 4],
+            rate: [[0.0; 10]; POSITIONS],
+            n: [[0; 10]; POSITIONS],
         }
     }
 }
 
 fn cell(pos: usize, conf: f32) -> (usize, usize) {
-    let g = pos.min(3);
+    let g = pos.min(POSITIONS - 1);
     let b = ((conf.clamp(0.0, 1.0) * 10.0) as usize).min(9);
     (g, b)
 }
 
 impl Calibration {
+    /// The cell's observed rate, shrunk towards a prior: at the first position the
+    /// confidence itself, at a later one the calibrated rate of the position before (few
+    /// proposals get that deep, and an unobserved position is more like its neighbour
+    /// than like the raw confidence).
     fn calibrated(&self, pos: usize, conf: f32) -> f64 {
         let (g, b) = cell(pos, conf);
-        let n = f64::from(self.n[g][b]);
-        (n * self.rate[g][b] + 2.0 * f64::from(conf.clamp(0.0, 1.0))) / (n + 2.0)
+        let mut v = f64::from(conf.clamp(0.0, 1.0));
+        for row in 0..=g {
+            let n = f64::from(self.n[row][b]);
+            let w = if row == 0 { CONF_WEIGHT } else { PRIOR_WEIGHT };
+            v = (n * self.rate[row][b] + w * v) / (n + w);
+        }
+        v
     }
     fn learn(&mut self, pos: usize, conf: f32, accepted: bool) {
         let (g, b) = cell(pos, conf);

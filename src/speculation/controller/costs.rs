@@ -69,10 +69,6 @@ impl Ewma {
     pub(super) fn get(&self) -> Option<f64> {
         (self.n > 0).then_some(self.v)
     }
-    pub(super) fn stale(&self, max_age: Duration, now: Instant) -> bool {
-        self.at
-            .is_none_or(|t| now.saturating_duration_since(t) > max_age)
-    }
 }
 
 #[derive(Default, Clone, Copy)]
@@ -210,7 +206,8 @@ pub(super) struct Costs {
     pub(super) dec: Option<f64>,
     pub(super) restart: Option<f64>,
     pub(super) ver: Vec<Option<f64>>,
-    pub(super) dec_stale: bool,
+    /// Seconds since the level's decode cost was last sampled (infinite if never).
+    pub(super) dec_age: f64,
     /// Probe intervals since the verify cost was last measured at this level (0 while
     /// fresh; infinite if never).
     pub(super) ver_staleness: f64,
@@ -381,26 +378,39 @@ impl CostModel {
             dec,
             restart,
             ver,
-            dec_stale: g[dl].dec.stale(sample_interval(g[dl].dec.n, age), now),
+            dec_age: g[dl].dec.at.map_or(f64::INFINITY, |t| {
+                now.saturating_duration_since(t).as_secs_f64()
+            }),
             ver_staleness: staleness(&g[vl].ver, age, now),
         }
     }
 
-    /// Claim the decode (or verify) probe of a level: true for one caller per interval.
-    pub(super) fn claim_probe(&self, level_load: usize, verify: bool, now: Instant) -> bool {
+    /// How old T_dec may get before a speculating stream re-measures it: the probe
+    /// interval, or a quarter of it where the decision `hinges` on T_dec (a speedup
+    /// estimated under `DEC_HINGES`). A decode cost measured in a load spike otherwise kept
+    /// a batch verifying hopeless drafts (plain decoding looked as slow as a verify) until
+    /// the full interval; and where speculation wins by far, the estimate's precision does
+    /// not matter, so a few samples are enough and no probe relays sooner.
+    pub(super) fn decode_probe_every(&self, hinges: bool) -> Duration {
+        if hinges {
+            self.probe_interval / 4
+        } else {
+            self.probe_interval
+        }
+    }
+
+    /// Claim a probe of a level: true for one caller per interval.
+    pub(super) fn claim_probe(&self, level_load: usize, probe: Probe, now: Instant) -> bool {
         let Ok(mut g) = self.levels.lock() else {
             return false;
         };
         let l = &mut g[level_of(level_load)];
-        let slot = if verify {
-            &mut l.ver_probe
-        } else {
-            &mut l.dec_probe
-        };
-        let every = if verify {
-            verify_interval(&l.ver, self.probe_interval)
-        } else {
-            self.probe_interval
+        let (slot, every) = match probe {
+            Probe::Verify => (
+                &mut l.ver_probe,
+                verify_interval(&l.ver, self.probe_interval),
+            ),
+            Probe::Decode(every) => (&mut l.dec_probe, every),
         };
         if slot.is_some_and(|t| now.saturating_duration_since(t) < every) {
             return false;
@@ -409,6 +419,18 @@ impl CostModel {
         true
     }
 }
+
+/// What a probe re-measures: the verify cost, or the decode cost (at most once per the
+/// given interval).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Probe {
+    Verify,
+    Decode(Duration),
+}
+
+/// Under this estimated speedup, a decision hinges on T_dec: a decode cost a sixth lower
+/// would make relaying win.
+pub(super) const DEC_HINGES: f64 = 1.2;
 
 impl Costs {
     /// How much more than a decode step (re)starting a relay costs.

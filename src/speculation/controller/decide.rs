@@ -2,8 +2,8 @@
 //! does with its next proposal, and whether a relaying stream leaves relay.
 
 use super::batch::Weigh;
-use super::costs::{expected_tokens, Best, Costs, STALE_TRUST};
-use super::{Controller, Decision, StreamCtl};
+use super::costs::{expected_tokens, Best, Costs, Probe, DEC_HINGES, STALE_TRUST};
+use super::{Controller, Decision, StreamCtl, K_TRACKED};
 use crate::config::SpecMode;
 use crate::draft::{DrafterKind, Proposal};
 
@@ -147,7 +147,11 @@ impl Controller {
             // Decode cost unknown: relay (plain decoding is never a loss) and measure it;
             // one stream per interval holds the probe, which keeps it relaying a while.
             (None, Some(_)) if s.may_relay => Decision::Relay {
-                probe: self.costs.claim_probe(x.load, false, self.now()),
+                probe: self.costs.claim_probe(
+                    x.load,
+                    Probe::Decode(self.costs.decode_probe_every(false)),
+                    self.now(),
+                ),
             },
             (None, Some(b)) => Decision::Speculate(b.k),
             (Some(dec), Some(b)) => {
@@ -201,7 +205,15 @@ impl Controller {
             return Decision::Speculate(b.k);
         }
         s.streak = 0;
-        if x.costs.dec_stale && self.costs.claim_probe(x.load, false, self.now()) {
+        // Near the end of a generation the round is short because the cap is, not because
+        // speculation is marginal: that does not make T_dec worth a probe.
+        let hinges = b.speedup(dec) < DEC_HINGES && remaining >= 2 * K_TRACKED;
+        let every = self.costs.decode_probe_every(hinges);
+        if x.costs.dec_age > every.as_secs_f64()
+            && self
+                .costs
+                .claim_probe(x.load, Probe::Decode(every), self.now())
+        {
             return Decision::Relay { probe: true };
         }
         if kp >= 2 && s.rng.f64() < self.cfg.explore {
@@ -251,7 +263,7 @@ impl Controller {
             // Verify cost never measured: measure it (one stream per interval).
             return self
                 .costs
-                .claim_probe(x.spec, true, self.now())
+                .claim_probe(x.spec, Probe::Verify, self.now())
                 .then_some(kp);
         };
         let dec = x.costs.dec?;
@@ -289,6 +301,7 @@ impl Controller {
         let trust = STALE_TRUST.powf(x.costs.ver_staleness);
         let optimistic = b.tokens * dec > x.t_draft + trust * (b.time - x.t_draft);
         let stale = x.costs.ver_staleness > 0.0;
-        (stale && optimistic && self.costs.claim_probe(x.spec, true, self.now())).then_some(b.k)
+        (stale && optimistic && self.costs.claim_probe(x.spec, Probe::Verify, self.now()))
+            .then_some(b.k)
     }
 }

@@ -3,6 +3,7 @@
 //! through the upstream's own count of running requests. Counters of its own, never read
 //! back from metrics.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +16,16 @@ pub type RunningSource = Box<dyn Fn() -> Option<(f64, Instant)> + Send + Sync>;
 
 /// How long a reading of the upstream's running requests is trusted.
 const RUNNING_FRESH: Duration = Duration::from_secs(2);
+/// How long a finished verify call is remembered (to share steps with later-recorded ones).
+const CALLS_KEPT: Duration = Duration::from_secs(1);
+
+/// A verify call of this server: its drafts, and when it started and (once it has) ended.
+struct Call {
+    id: u64,
+    drafts: usize,
+    start: Instant,
+    end: Option<Instant>,
+}
 
 pub(super) struct LoadTracker {
     active: AtomicUsize,
@@ -25,6 +36,8 @@ pub(super) struct LoadTracker {
     verify_prompts: AtomicUsize,
     verifies_started: AtomicU64,
     peak: Mutex<(usize, usize, Option<Instant>)>,
+    /// Verify calls in flight and recently finished (see `batch_drafts`).
+    calls: Mutex<VecDeque<Call>>,
     pub(super) running: Option<RunningSource>,
     /// Client requests in flight (passthrough ones load the upstream too).
     pub(super) in_flight: Arc<InFlight>,
@@ -38,6 +51,7 @@ impl Default for LoadTracker {
             verify_prompts: AtomicUsize::new(0),
             verifies_started: AtomicU64::new(0),
             peak: Mutex::new((0, 0, None)),
+            calls: Mutex::default(),
             running: None,
             in_flight: Arc::default(),
         }
@@ -58,13 +72,54 @@ impl LoadTracker {
     pub(super) fn end_relay(&self) {
         self.relaying.fetch_sub(1, Ordering::Relaxed);
     }
-    pub(super) fn start_verify(&self, prompts: usize, now: Instant) {
-        self.verifies_started.fetch_add(1, Ordering::Relaxed);
+    /// A verify call of `prompts` prompts (drafts + 1) starts; returns its id.
+    pub(super) fn start_verify(&self, prompts: usize, now: Instant) -> u64 {
+        let id = self.verifies_started.fetch_add(1, Ordering::Relaxed);
         self.verify_prompts.fetch_add(prompts, Ordering::Relaxed);
         self.note_peak(now);
+        if let Ok(mut g) = self.calls.lock() {
+            g.retain(|c| {
+                c.end
+                    .is_none_or(|e| now.saturating_duration_since(e) < CALLS_KEPT)
+            });
+            g.push_back(Call {
+                id,
+                drafts: prompts.saturating_sub(1),
+                start: now,
+                end: None,
+            });
+        }
+        id
     }
-    pub(super) fn end_verify(&self, prompts: usize) {
+    pub(super) fn end_verify(&self, id: u64, prompts: usize, now: Instant) {
         self.verify_prompts.fetch_sub(prompts, Ordering::Relaxed);
+        if let Ok(mut g) = self.calls.lock() {
+            if let Some(c) = g.iter_mut().find(|c| c.id == id) {
+                c.end = Some(now);
+            }
+        }
+    }
+
+    /// Drafts per call of this server's verify calls that shared the upstream's steps
+    /// with one that took from `now - took` to `now` (itself included), each weighted by
+    /// how much of that time it overlapped. A step's cost grows with every sequence's
+    /// drafts, so this, not the call's own K, is what its time measured.
+    pub(super) fn batch_drafts(&self, took: Duration, now: Instant) -> Option<f64> {
+        let g = self.calls.lock().ok()?;
+        let from = now.checked_sub(took)?;
+        let span = took.as_secs_f64();
+        let (mut w, mut sum) = (0.0, 0.0);
+        for c in g.iter() {
+            let end = c.end.unwrap_or(now).min(now);
+            let start = c.start.max(from);
+            if end <= start {
+                continue;
+            }
+            let share = end.saturating_duration_since(start).as_secs_f64() / span;
+            w += share;
+            sum += share * c.drafts as f64;
+        }
+        (span > 0.0 && w > 0.0).then(|| sum / w)
     }
 
     pub(super) fn verify_epoch(&self) -> u64 {

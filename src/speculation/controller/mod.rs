@@ -68,15 +68,18 @@
 //!   sample moves the mean and the envelope at most as far as one stream's samples would
 //!   in the time since the previous one: many streams relaying at once must not make
 //!   "slow to rise" fast.
-//! - T_ver(k), by the number of streams speculating at once, from every verify call, and
+//! - T_ver(k), by the number of streams speculating at once, from every verify call (at
+//!   the drafts per call of the verify calls that shared its steps: a step costs what all
+//!   its drafts cost, whatever the stream's own K), and
 //!   the relay restart latency: low envelopes too, so one stalled call cannot switch
 //!   speculation off (the verify envelope, too, rises no faster than one stream's rounds
 //!   would raise it); a level's verify costs resting on fewer than 8 samples are
 //!   re-probed proportionally sooner than the probe interval. Missing k are interpolated
 //!   from measured ones; a missing level borrows the nearest.
 //! - T_draft per drafter (times the share of drafts hidden behind verify calls by overlap).
-//! - Acceptance: per drafter, a calibration of its confidences (by position group and
-//!   confidence decile, with the confidence itself as the prior), plus a per-stream
+//! - Acceptance: per drafter, a calibration of its confidences (by position in the
+//!   proposal and confidence decile; the prior of the first position is the confidence
+//!   itself, that of a later one the position before it), plus a per-stream
 //!   residual that tracks how this stream deviates from it right now. Observations come
 //!   from verify rounds and, while relaying, from checking shadow proposals against the
 //!   tokens the upstream streams back — so acceptance stays fresh in both modes.
@@ -111,7 +114,8 @@
 //! in `watch_every`, and one per probe interval, is still watched).
 //!
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
-//! the probe interval, one speculating stream relays a few tokens to re-measure it; when
+//! the probe interval (a quarter of it where the decision hinges on T_dec: an estimated
+//! speedup under 1.2), one speculating stream relays a few tokens to re-measure it; when
 //! its verify cost is stale, one relaying stream runs a verify round if an optimistic
 //! estimate says it could pay — the older the estimate, the more optimistic (a verify
 //! cost measured in a load spike must not keep speculation off for good). A few rounds
@@ -287,8 +291,8 @@ impl Controller {
 
     /// Marks `prompts` verify prompts as in flight at the upstream while the guard lives.
     pub fn verifying(self: &Arc<Self>, prompts: usize) -> Verifying {
-        self.load.start_verify(prompts, self.now());
-        Verifying(self.clone(), prompts)
+        let id = self.load.start_verify(prompts, self.now());
+        Verifying(self.clone(), prompts, id)
     }
 
     /// Marks the caller as relaying while the guard lives.
@@ -367,9 +371,17 @@ impl Controller {
         }
     }
 
-    /// A verify call of k drafts while `spec` streams (this one included) speculated.
+    /// A verify call of k drafts while `spec` streams (this one included) speculated,
+    /// ended now (its `Verifying` guard dropped). Recorded as the cost of the drafts per
+    /// call of the verify calls beside it: their steps cost what all their drafts cost, so
+    /// a stream that verifies fewer drafts than the batch beside it pays the batch's step.
     pub fn record_verify(&self, k: usize, spec: usize, dt: Duration) {
-        let v = self.costs.add_verify(k, spec, dt.as_secs_f64(), self.now());
+        let now = self.now();
+        let k = self
+            .load
+            .batch_drafts(dt, now)
+            .map_or(k, |m| m.round() as usize);
+        let v = self.costs.add_verify(k, spec, dt.as_secs_f64(), now);
         if let (Some(m), Some(v)) = (&self.metrics, v) {
             m.verify_cost
                 .with_label_values(&[K_LABELS[k.min(K_TRACKED)]])
@@ -463,10 +475,10 @@ impl Drop for Active {
     }
 }
 
-pub struct Verifying(Arc<Controller>, usize);
+pub struct Verifying(Arc<Controller>, usize, u64);
 impl Drop for Verifying {
     fn drop(&mut self) {
-        self.0.load.end_verify(self.1);
+        self.0.load.end_verify(self.2, self.1, self.0.now());
     }
 }
 

@@ -71,21 +71,23 @@ impl Acceptance {
     }
 }
 
-/// Disturbances of the upstream's speed and of the stream of relayed tokens.
+/// Disturbances of the upstream's speed and of the stream of relayed tokens. The
+/// machine's are functions of virtual time (see `Draws`): rates per 12 ms of it, about one
+/// decode step.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Noise {
-    /// Each step's cost is multiplied by a uniform factor in 1 ± jitter.
+    /// A step's cost is multiplied by a uniform factor in 1 ± jitter.
     pub jitter: f64,
-    /// Probability per step of a stall of 100–300 ms (a GC pause, a preemption).
+    /// Stalls of 100–300 ms (a GC pause, a preemption) per 12 ms.
     pub stall: f64,
-    /// Probability per step that relayed tokens are held back and arrive in a burst.
+    /// Probability per relayed token that it is held back and arrives in a burst.
     pub burst: f64,
     /// Extra latency before a relay's first step (a slow proxy hop, queueing).
     pub slow_relay: Duration,
     /// A window of virtual time in which every step costs `factor` times as much.
     pub spike: Option<(Duration, Duration, f64)>,
-    /// Requests of other clients decoding in every step, and the probability per step
-    /// that one of them starts (a prefill in that step).
+    /// Requests of other clients decoding in every step, and how many of them start (a
+    /// prefill in that step) per 12 ms.
     pub others: u32,
     pub others_prefill: f64,
 }
@@ -158,4 +160,52 @@ pub struct Outcome {
     pub passed: u32,
     /// Seconds spent drafting (a costly drafter's).
     pub draft_seconds: f64,
+}
+
+/// What a random draw of the harness decides.
+#[derive(Debug, Clone, Copy)]
+pub enum Draw {
+    Jitter,
+    Stall,
+    StallLength,
+    OtherPrefill,
+    Burst,
+    Draft,
+}
+
+/// Common random numbers: every draw is a hash of the scenario's seed, what it decides
+/// and where (a time slot of the machine, a position of a stream's request), never the
+/// next number of a sequence. So every mode of a scenario runs on the same machine — the
+/// same stalls at the same times, the same drafts right at the same positions — and two
+/// modes' rates differ by their decisions, not by which steps the noise fell on.
+#[derive(Debug, Clone, Copy)]
+pub struct Draws {
+    seed: u64,
+}
+
+/// Width of the machine's time slots: its speed, stalls and other clients' arrivals are
+/// drawn per slot of virtual time.
+pub const SLOT: std::time::Duration = std::time::Duration::from_millis(12);
+
+impl Draws {
+    pub fn new(seed: u64) -> Self {
+        Draws { seed }
+    }
+
+    /// A uniform number in [0, 1) for `what` at `key`.
+    pub fn unit(&self, what: Draw, key: &[u64]) -> f64 {
+        let mut h = mix(self.seed ^ mix(what as u64));
+        for &k in key {
+            h = mix(h ^ k);
+        }
+        (h >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// splitmix64's finaliser: a well-mixed 64-bit hash of `z`.
+fn mix(z: u64) -> u64 {
+    let mut z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

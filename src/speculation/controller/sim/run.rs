@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::model::{Outcome, Scenario, Upstream};
+use super::model::{Draw, Draws, Outcome, Scenario, Upstream, SLOT};
+
+mod bookkeeping;
 use crate::config::SpecMode;
 use crate::draft::{DrafterKind, Proposal};
 use crate::inflight::{InFlight, InFlightGuard};
@@ -51,6 +53,8 @@ enum Work {
 }
 
 struct Request {
+    /// The stream's index and the request's number in it: where its draws are keyed.
+    key: [u64; 2],
     ctl: StreamCtl,
     generated: u32,
     relayed: u32,
@@ -77,7 +81,7 @@ pub struct Sim<'a> {
     clock: Arc<VirtualClock>,
     ctl: Arc<Controller>,
     in_flight: Arc<InFlight>,
-    rng: fastrand::Rng,
+    draws: Draws,
     start: Instant,
     out: Outcome,
     next_id: u64,
@@ -105,7 +109,7 @@ impl<'a> Sim<'a> {
             clock,
             ctl: Arc::new(ctl),
             in_flight,
-            rng: fastrand::Rng::with_seed(sc.seed),
+            draws: Draws::new(sc.seed),
             out: Outcome::default(),
             next_id: 0,
             trace: std::env::var_os("SPECD_SIM_TRACE").is_some(),
@@ -127,7 +131,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn new_request(&mut self) -> (Work, Request) {
+    fn new_request(&mut self, key: [u64; 2]) -> (Work, Request) {
         self.next_id += 1;
         let watched = match self.mode {
             Mode::Plain => false,
@@ -135,6 +139,7 @@ impl<'a> Sim<'a> {
             Mode::Auto(_) => self.ctl.watch_auto(),
         };
         let req = Request {
+            key,
             ctl: StreamCtl::new(true, self.sc.seed ^ self.next_id),
             generated: 0,
             relayed: 0,
@@ -167,15 +172,19 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// What the drafter proposes at position `g`: each draft right with the script's
-    /// probability given the previous ones were. A costly drafter stops the clock for its
-    /// cost (the upstream's CPU drafts meanwhile).
+    /// What the drafter proposes at position `g` of request `r`: each draft right with the
+    /// script's probability given the previous ones were (the same drafts in every mode, as
+    /// a real drafter proposes the same for the same context). A costly drafter stops the
+    /// clock for its cost (the upstream's CPU drafts meanwhile).
     fn propose(&mut self, r: &mut Request, k: usize) -> Proposal {
-        let g = r.generated;
+        let (key, g) = (r.key, r.generated);
         let mut tokens = Vec::with_capacity(k);
         let mut right = true;
         for i in 0..k {
-            right = right && self.rng.f64() < self.sc.acceptance.p(g, i);
+            let u = self
+                .draws
+                .unit(Draw::Draft, &[key[0], key[1], u64::from(g), i as u64]);
+            right = right && u < self.sc.acceptance.p(g, i);
             let pos = g + i as u32;
             tokens.push(if right { truth(pos) } else { truth(pos) + 1 });
         }
@@ -246,9 +255,9 @@ impl<'a> Sim<'a> {
 
 impl Sim<'_> {
     pub fn run(mut self) -> Outcome {
-        let mut streams: Vec<Stream> = (0..self.sc.streams)
-            .map(|_| {
-                let (work, req) = self.new_request();
+        let mut streams: Vec<Stream> = (0..self.sc.streams as u64)
+            .map(|i| {
+                let (work, req) = self.new_request([i, 0]);
                 Stream {
                     work,
                     req,
@@ -352,17 +361,25 @@ impl Sim<'_> {
         }
         let nz = self.sc.noise;
         seqs += nz.others as usize;
-        prefill |= nz.others > 0 && self.rng.f64() < nz.others_prefill;
-        let mut cost = self.up.step_cost(seqs, prefill, drafts);
-        cost *= 1.0 + nz.jitter * (2.0 * self.rng.f64() - 1.0);
-        if let Some((from, to, factor)) = nz.spike {
-            let at = self.now().saturating_duration_since(self.start);
+        // The machine's noise is drawn per time slot (`Draws`): its speed at the slot the
+        // step starts in, and the stalls and other clients' arrivals of the slots the step
+        // spans.
+        let at = self.now().saturating_duration_since(self.start);
+        let d = self.draws;
+        let mut factor = 1.0 + nz.jitter * (2.0 * d.unit(Draw::Jitter, &[slot_of(at)]) - 1.0);
+        if let Some((from, to, f)) = nz.spike {
             if at >= from && at < to {
-                cost *= factor;
+                factor *= f;
             }
         }
-        if nz.stall > 0.0 && self.rng.f64() < nz.stall {
-            cost += 0.1 + 0.2 * self.rng.f64();
+        let span = slots(at, self.up.step_cost(seqs, prefill, drafts) * factor);
+        prefill |= nz.others > 0
+            && span
+                .clone()
+                .any(|s| d.unit(Draw::OtherPrefill, &[s]) < nz.others_prefill);
+        let mut cost = self.up.step_cost(seqs, prefill, drafts) * factor;
+        for s in span.filter(|&s| nz.stall > 0.0 && d.unit(Draw::Stall, &[s]) < nz.stall) {
+            cost += 0.1 + 0.2 * d.unit(Draw::StallLength, &[s]);
         }
         (cost, seqs)
     }
@@ -445,7 +462,13 @@ impl Sim<'_> {
     ) -> Work {
         let held = held + 1;
         let b = self.sc.noise.burst;
-        if b > 0.0 && held < 4 && self.rng.f64() < b {
+        let key = [
+            s.req.key[0],
+            s.req.key[1],
+            u64::from(s.req.generated),
+            held.into(),
+        ];
+        if b > 0.0 && held < 4 && self.draws.unit(Draw::Burst, &key) < b {
             return Work::Relay {
                 t,
                 join_at,
@@ -514,10 +537,22 @@ impl Sim<'_> {
             s.finished_at = Some(self.now());
             return Work::Finished;
         }
-        let (work, req) = self.new_request();
+        let (work, req) = self.new_request([s.req.key[0], s.done_requests.into()]);
         s.req = req;
         work
     }
+}
+
+/// The time slot `at` lies in.
+fn slot_of(at: Duration) -> u64 {
+    (at.as_nanos() / SLOT.as_nanos()) as u64
+}
+
+/// The time slots that start within `secs` from `at`.
+fn slots(at: Duration, secs: f64) -> std::ops::Range<u64> {
+    let (from, w) = (at.as_nanos(), SLOT.as_nanos());
+    let to = from + Duration::from_secs_f64(secs.max(0.0)).as_nanos();
+    (from.div_ceil(w) as u64)..(to.div_ceil(w) as u64)
 }
 
 fn takes_part(w: &Work, now: Instant) -> bool {
@@ -525,63 +560,5 @@ fn takes_part(w: &Work, now: Instant) -> bool {
         Work::Verify { .. } | Work::Plain { .. } => true,
         Work::Relay { join_at, .. } => *join_at <= now,
         Work::Round(..) | Work::Finished => false,
-    }
-}
-
-/// The guarantees' bookkeeping.
-impl Sim<'_> {
-    /// A round with nothing accepted while the controller's estimates said a decode step
-    /// was cheaper than the verify lengthens the streak; anything else ends it.
-    fn note_streak(&mut self, r: &mut Request, k: usize, n: usize, spec: usize) {
-        if k == 0 || n > 0 || !matches!(self.mode, Mode::Auto(_)) {
-            r.streak = 0;
-            return;
-        }
-        let dec = self.ctl.decode_cost_estimate(self.ctl.load());
-        let ver = self.ctl.verify_cost_estimate(k, spec);
-        let cheaper = matches!((dec, ver), (Some(d), Some(v)) if d < v);
-        if cheaper {
-            r.streak += 1;
-            self.out.zero_streak = self.out.zero_streak.max(r.streak);
-        } else {
-            r.streak = 0;
-        }
-    }
-
-    fn note_switch(&mut self, tokens: u32) {
-        self.out.switch_tokens = Some(self.out.switch_tokens.unwrap_or(0).max(tokens));
-    }
-
-    /// Into a phase where speculation pays: switched at the first round that accepted.
-    fn note_spec_switch(&mut self, r: &mut Request, k: usize, n: usize) {
-        if !matches!(self.mode, Mode::Auto(_)) || k == 0 || n == 0 {
-            return;
-        }
-        if let Some((_, to, _)) = self.sc.noise.spike {
-            let at = self.now().saturating_duration_since(self.start);
-            if at >= to && self.out.resume_after_spike.is_none() {
-                self.out.resume_after_spike = Some((at - to).as_secs_f64());
-            }
-        }
-        if let Some((at, _, then)) = self.sc.acceptance.change_at() {
-            if then >= 0.7 && r.generated >= at && !r.switched {
-                r.switched = true;
-                self.note_switch(r.generated - at);
-            }
-        }
-    }
-
-    /// Into a phase where speculation loses: switched when the stream relays.
-    fn note_relay_switch(&mut self, r: &mut Request, relaying: bool) {
-        let Some((at, _, then)) = self.sc.acceptance.change_at() else {
-            return;
-        };
-        if !matches!(self.mode, Mode::Auto(_)) || then > 0.3 || r.generated < at || r.switched {
-            return;
-        }
-        if relaying && r.watched {
-            r.switched = true;
-            self.note_switch(r.generated - at);
-        }
     }
 }
