@@ -11,7 +11,8 @@
 //! over the keys for small batches, the last block merging the splits), output
 //! projection with the residual added in place, RMSNorm, gate/up projection, SiLU·mul,
 //! down projection with the residual added in place; projections through cuBLAS.
-//! `SPECD_DRAFT_FUSED=0` runs one-token steps that way too.
+//! `SPECD_DRAFT_FUSED=0` runs one-token steps that way too; `SPECD_DRAFT_TC=1` runs decode
+//! steps of 2..=64 streams on tensor-core kernels instead (slower so far).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -178,7 +179,9 @@ pub struct CudaEngine {
     fused: bool,
     tune: GemvTune,
     /// Decode steps of 2..=64 tokens run the `tc_*` kernels instead of cuBLAS
-    /// (`SPECD_DRAFT_TC=0` turns them off; needs widths divisible by 32).
+    /// (`SPECD_DRAFT_TC=1`; needs widths divisible by 32). Off by default: on an H200
+    /// they measured about twice as slow as cuBLAS at 32 streams (too few weight bytes
+    /// in flight per warp).
     tc: bool,
     tc_tune: TcTune,
     /// Launch with programmatic dependent launch: a kernel's blocks are scheduled while
@@ -435,7 +438,7 @@ impl CudaEngine {
         }
         let fused = std::env::var("SPECD_DRAFT_FUSED").map_or(true, |v| v != "0");
         let tc = [h, nh * d, inter].iter().all(|k| k % 32 == 0)
-            && std::env::var("SPECD_DRAFT_TC").map_or(true, |v| v != "0");
+            && std::env::var("SPECD_DRAFT_TC").is_ok_and(|v| v == "1");
         stream.synchronize().map_err(derr)?;
         Ok(Self {
             stream,
