@@ -128,10 +128,12 @@ pub(super) fn kernel_source() -> Result<String, DraftError> {
 /// chunk's keys, 2 its values too (registers: values only up to head_dim 64).
 /// `SPECD_DRAFT_ATT_PREFETCH` overrides.
 pub(super) fn att_prefetch(head_dim: usize) -> u32 {
-    let default = match head_dim {
-        ..=64 => 2,
-        ..=128 => 1,
-        _ => 0,
+    let default = if head_dim <= 64 {
+        2
+    } else if head_dim <= 128 {
+        1
+    } else {
+        0
     };
     std::env::var("SPECD_DRAFT_ATT_PREFETCH")
         .ok()
