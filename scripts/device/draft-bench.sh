@@ -8,7 +8,7 @@
 # Env:   ANCHOR=none|graph|compile    also run the plain-PyTorch anchor (torch_decode_anchor.py
 #                                     beside this script) in that mode (default graph)
 #        SHAPES="qwen2.5-0.5b qwen2.5-1.5b"   BATCH=1,8,32   OUT=dir for logs
-#        VARIANTS=0                   skip the variant runs (fused batch-1 GEMVs, PDL off, no graphs)
+#        VARIANTS=0                   skip the variant runs (the previous cuBLAS engine, PDL off, no graphs)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REF="$HERE/draft_model_reference.py"
@@ -52,10 +52,9 @@ for s in $SHAPES; do
 done
 first="${SHAPES%% *}"
 [ "${VARIANTS:-1}" = 1 ] || exit 0
-echo "== variants on $first: fused GEMV kernels at batch 1; without programmatic dependent launch; no CUDA graphs"
-SPECD_DRAFT_FUSED=1 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
+echo "== variants on $first: the previous engine (cuBLAS at batch 1, no attention prefetch); without programmatic dependent launch; no CUDA graphs"
+SPECD_DRAFT_FUSED=0 SPECD_DRAFT_ATT_PREFETCH=0 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
 SPECD_DRAFT_PDL=0 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
-SPECD_DRAFT_FUSED=1 SPECD_DRAFT_PDL=0 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch 1 | tee -a "$OUT/bench.txt"
 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch 1,32 --no-graphs --repeat 3 | tee -a "$OUT/bench.txt"
 
 if [ "$ANCHOR" != none ] && [ -f "$HERE/torch_decode_anchor.py" ]; then

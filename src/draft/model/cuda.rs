@@ -2,14 +2,17 @@
 //! GEMMs over preallocated buffers, so that a decode step can be captured once per batch
 //! size and replayed as a CUDA graph.
 //!
-//! Per layer: RMSNorm, QKV projection, one kernel for bias + qk-norm + rotation + cache
-//! write, attention (split over the keys for small batches, the last block merging the
-//! splits), output projection with the residual added in place, RMSNorm, gate/up
-//! projection, SiLU·mul, down projection with the residual added in place; projections
-//! through cuBLAS. With `SPECD_DRAFT_FUSED=1`, a one-token step runs its projections as
-//! GEMV kernels that compute the RMSNorm of their input in shared memory, the gate/up one
-//! writing SiLU·mul itself (six kernels a layer); on an H200 that measured no faster, so
-//! it is off by default.
+//! A one-token step (batch 1, the common drafting case) runs five kernels a layer:
+//! GEMVs that compute their own input (RMSNorm) and epilogue (q/k/v bias + rotation +
+//! cache write; silu(gate)·up; the residual add), and attention; each issues its weight
+//! loads before waiting for its predecessor (programmatic dependent launch), so weights
+//! stream in while the previous kernel runs. Larger steps run, per layer: RMSNorm, QKV
+//! projection, one kernel for bias + qk-norm + rotation + cache write, attention (split
+//! over the keys for small batches, the last block merging the splits), output
+//! projection with the residual added in place, RMSNorm, gate/up projection, SiLU·mul,
+//! down projection with the residual added in place; projections through cuBLAS.
+//! `SPECD_DRAFT_FUSED=0` runs one-token steps that way too; `SPECD_DRAFT_TC=1` runs decode
+//! steps of 2..=64 streams on tensor-core kernels instead (slower so far).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,13 +29,10 @@ use super::config::ModelConfig;
 use super::weights::Weights;
 use crate::draft::DraftError;
 
-const KERNELS: &str = include_str!("kernels.cu");
 /// Batch sizes with a captured decode graph; a decode step is padded to the next one.
 const BUCKETS: [usize; 10] = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64];
 /// Blocks per row of the two-pass greedy sampling.
 const ARGMAX_BLOCKS: usize = 64;
-/// Largest GEMV input staged in shared memory (floats), within the default 48 KiB.
-const GEMV_MAX_K: usize = 11 * 1024;
 
 fn derr(e: impl std::fmt::Debug) -> DraftError {
     DraftError::Model(format!("cuda: {e:?}"))
@@ -95,20 +95,13 @@ struct Kernels {
     qkv_post: CudaFunction,
     attn: CudaFunction,
     silu_mul: CudaFunction,
-    /// gemv[RMSNorm fused][log2 warps per row][`GemvOut`]
-    gemv: Vec<Vec<[CudaFunction; 3]>>,
+    /// The one-token projections, indexed by `Role`.
+    gemv: Vec<CudaFunction>,
     argmax_part: CudaFunction,
     argmax_final: CudaFunction,
-}
-
-/// What a one-row GEMV kernel writes (the index of its variant).
-#[derive(Clone, Copy)]
-enum GemvOut {
-    /// The model dtype, added to the output with `accumulate`.
-    Model = 0,
-    F32 = 1,
-    /// silu(gate) · up of the row pairs (o, O + o) of a gate/up weight.
-    SiluPair = 2,
+    argmax_final_block: CudaFunction,
+    /// The multi-token projections: tc[`TcRole`][index in `TC_TILES`].
+    tc: Vec<Vec<CudaFunction>>,
 }
 
 /// What a projection computes its input from.
@@ -134,10 +127,13 @@ struct LayerW {
 }
 
 struct Acts {
-    ids: Buf<i32>,
-    pos: Buf<i32>,
-    slot: Buf<i32>,
-    rows: Buf<i32>,
+    /// A step's inputs, uploaded in one copy: ids, positions, slots (max_tokens each),
+    /// then the sampled rows; `ids`..`rows` address its parts.
+    inp: Buf<i32>,
+    ids: u64,
+    pos: u64,
+    slot: u64,
+    rows: u64,
     x: Buf<u16>,
     h: Buf<u16>,
     qkv: Buf<u16>,
@@ -151,8 +147,10 @@ struct Acts {
     counters: Buf<u32>,
     logits: Buf<f32>,
     am_part: Buf<f32>,
-    tok: Buf<i32>,
-    prob: Buf<f32>,
+    /// Sampled tokens (i32), then their probabilities (f32), max_rows each: one download.
+    out: Buf<u32>,
+    tok: u64,
+    prob: u64,
     cos: Buf<f32>,
     sin: Buf<f32>,
 }
@@ -177,7 +175,15 @@ pub struct CudaEngine {
     max_len: usize,
     max_tokens: usize,
     max_rows: usize,
+    /// One-token steps run the `gemv_*` kernels instead of norms + cuBLAS.
     fused: bool,
+    tune: GemvTune,
+    /// Decode steps of 2..=64 tokens run the `tc_*` kernels instead of cuBLAS
+    /// (`SPECD_DRAFT_TC=1`; needs widths divisible by 32). Off by default: on an H200
+    /// they measured about twice as slow as cuBLAS at 32 streams (too few weight bytes
+    /// in flight per warp).
+    tc: bool,
+    tc_tune: TcTune,
     /// Launch with programmatic dependent launch: a kernel's blocks are scheduled while
     /// the one before it finishes, and wait for it on the device (`pdl_enter`).
     pdl: bool,
@@ -189,6 +195,7 @@ pub struct CudaEngine {
     h_pos: Vec<i32>,
     h_slot: Vec<i32>,
     h_rows: Vec<i32>,
+    h_in: Vec<i32>,
     last_rows: usize,
 }
 
@@ -212,6 +219,10 @@ macro_rules! launch {
     }};
 }
 mod exec;
+mod tune;
+use tune::{
+    att_prefetch, kernel_source, GemvTune, Role, TcRole, TcTune, ROLE_KERNELS, TC_KERNELS, TC_TILES,
+};
 
 impl CudaEngine {
     pub fn load(l: CudaLoad<'_>) -> Result<Self, DraftError> {
@@ -252,16 +263,20 @@ impl CudaEngine {
                  dimension {d}; use f32 for the candle forward"
             )));
         }
+        let tune = GemvTune::new(c);
+        let tc_tune = TcTune::from_env();
         let defs = format!(
             "#define HIDDEN {h}\n#define NH {nh}\n#define NKV {nkv}\n#define HD {d}\n#define GROUP {}\n\
              #define INTER {inter}\n#define MAX_LEN {}\n#define EPS {:e}f\n#define QK_NORM {}\n#define DT_BF16 {}\n\
-             #define PDL {}\n",
+             #define PDL {}\n#define ATT_PREFETCH {}\n{}",
             nh / nkv,
             l.max_len,
             c.rms_norm_eps,
             c.qk_norm as i32,
             (l.dtype == DType::BF16) as i32,
             pdl as i32,
+            att_prefetch(d),
+            tune.defines() + &tc_tune.defines(),
         );
         let opts = cudarc::nvrtc::CompileOptions {
             options: vec![
@@ -270,7 +285,8 @@ impl CudaEngine {
             ],
             ..Default::default()
         };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(format!("{defs}{KERNELS}"), opts)
+        let src = kernel_source()?;
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(format!("{defs}{src}"), opts)
             .map_err(|e| DraftError::Model(format!("compiling the draft kernels: {e}")))?;
         let module = ctx.load_module(ptx).map_err(derr)?;
         let f = |n: &str| module.load_function(n).map_err(derr);
@@ -280,22 +296,22 @@ impl CudaEngine {
             qkv_post: f("qkv_post")?,
             attn: f("attn")?,
             silu_mul: f("silu_mul")?,
-            gemv: (0..2)
-                .map(|m| {
-                    [1, 2, 4, 8]
-                        .iter()
-                        .map(|w| {
-                            Ok([
-                                f(&format!("gemv_m{m}_w{w}"))?,
-                                f(&format!("gemv_m{m}_w{w}_f32"))?,
-                                f(&format!("gemv_m{m}_w{w}_pair"))?,
-                            ])
-                        })
-                        .collect::<Result<Vec<_>, DraftError>>()
-                })
+            gemv: ROLE_KERNELS
+                .iter()
+                .map(|n| f(n))
                 .collect::<Result<_, _>>()?,
             argmax_part: f("argmax_part")?,
             argmax_final: f("argmax_final")?,
+            argmax_final_block: f("argmax_final_block")?,
+            tc: TC_KERNELS
+                .iter()
+                .map(|n| {
+                    TC_TILES
+                        .iter()
+                        .map(|t| f(&format!("{n}_t{t}")))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .collect::<Result<_, _>>()?,
         };
 
         // Weights, with q/k/v and gate/up concatenated into one projection each.
@@ -378,11 +394,17 @@ impl CudaEngine {
             .unwrap_or(1);
         let (cos, sin) = c.rope_tables(l.max_len);
         let t = max_tokens;
+        let inp = alloc::<i32>(&stream, 4 * t)?;
+        let out = alloc::<u32>(&stream, 2 * max_rows_padded)?;
         let a = Acts {
-            ids: alloc(&stream, t)?,
-            pos: alloc(&stream, t)?,
-            slot: alloc(&stream, t)?,
-            rows: alloc(&stream, t)?,
+            ids: inp.p,
+            pos: inp.p + 4 * t as u64,
+            slot: inp.p + 8 * t as u64,
+            rows: inp.p + 12 * t as u64,
+            inp,
+            tok: out.p,
+            prob: out.p + 4 * max_rows_padded as u64,
+            out,
             x: alloc(&stream, t * h)?,
             h: alloc(&stream, t * h)?,
             qkv: alloc(&stream, t * (nh + 2 * nkv) * d)?,
@@ -395,9 +417,13 @@ impl CudaEngine {
             part_ml: alloc(&stream, part_rows * nh * 2)?,
             counters: alloc(&stream, t * nkv)?,
             logits: alloc(&stream, max_rows_padded * c.vocab_size)?,
-            am_part: alloc(&stream, max_rows_padded * ARGMAX_BLOCKS * 3)?,
-            tok: alloc(&stream, max_rows_padded)?,
-            prob: alloc(&stream, max_rows_padded)?,
+            am_part: alloc(
+                &stream,
+                (max_rows_padded * ARGMAX_BLOCKS)
+                    .max(tune.lm_blocks(c.vocab_size))
+                    .max(max_rows_padded * tc_tune.launch(TcRole::Lm, c.vocab_size).0 as usize)
+                    * 3,
+            )?,
             cos: upload(&stream, &cos)?,
             sin: upload(&stream, &sin)?,
         };
@@ -410,7 +436,9 @@ impl CudaEngine {
         if st != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             return Err(derr(st));
         }
-        let fused = std::env::var("SPECD_DRAFT_FUSED").is_ok_and(|v| v == "1");
+        let fused = std::env::var("SPECD_DRAFT_FUSED").map_or(true, |v| v != "0");
+        let tc = [h, nh * d, inter].iter().all(|k| k % 32 == 0)
+            && std::env::var("SPECD_DRAFT_TC").is_ok_and(|v| v == "1");
         stream.synchronize().map_err(derr)?;
         Ok(Self {
             stream,
@@ -437,6 +465,9 @@ impl CudaEngine {
             max_tokens,
             max_rows: max_rows_padded,
             fused,
+            tune,
+            tc,
+            tc_tune,
             pdl,
             sms,
             use_graphs: l.graphs,
@@ -445,6 +476,7 @@ impl CudaEngine {
             h_pos: Vec::new(),
             h_slot: Vec::new(),
             h_rows: Vec::new(),
+            h_in: Vec::new(),
             last_rows: 0,
         })
     }

@@ -204,8 +204,7 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
      const int* __restrict__ pos, const int* __restrict__ slot, u16* __restrict__ out,
-     float* part_o, float* part_ml, unsigned int* counters, float scale) {
-    pdl_enter();
+     float* part_o, float* part_ml, unsigned int* counters, float scale, int prefetch) {
     __shared__ float qs[GROUP][HD];
     __shared__ float ps[GROUP][ATT_THREADS];
     __shared__ float alpha_s[GROUP], m_s[GROUP], l_s[GROUP];
@@ -219,11 +218,38 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
     int S = (L + per - 1) / per;
     if (sp >= S) return;
     int j0 = sp * per, j1 = min(L, j0 + per);
+    size_t base = (size_t)slot[t] * MAX_LEN * NKV;
+    int vd = (tid % VT) * 8, kg = tid / VT;
+#if ATT_PREFETCH
+    // In a decode step (`prefetch`: one token per slot) the first chunk's keys (and with
+    // ATT_PREFETCH 2 its values) are loaded before waiting for the predecessor, except the
+    // newest, which the predecessor writes: pos and slot come from the host, older cache
+    // rows from earlier steps.
+    uint4 kp[HD / 8];
+#if ATT_PREFETCH > 1
+    uint4 vp[ATT_THREADS / KG];
+#endif
+    {
+        int n0 = min(ATT_THREADS, j1 - j0);
+        if (prefetch && tid < n0 && j0 + tid < L - 1) {
+            const uint4* kr = (const uint4*)(kc + (base + (size_t)(j0 + tid) * NKV + kvh) * HD);
+#pragma unroll
+            for (int v8 = 0; v8 < HD / 8; ++v8) kp[v8] = kr[v8];
+        }
+#if ATT_PREFETCH > 1
+#pragma unroll
+        for (int i = 0; i < ATT_THREADS / KG; ++i) {
+            int j = kg + i * KG;
+            if (prefetch && j < n0 && j0 + j < L - 1)
+                vp[i] = *(const uint4*)(vc + (base + (size_t)(j0 + j) * NKV + kvh) * HD + vd);
+        }
+#endif
+    }
+#endif
+    pdl_enter();
     const u16* qrow = q + (size_t)t * NH * HD + (size_t)kvh * GROUP * HD;
     for (int i = tid; i < GROUP * HD; i += ATT_THREADS) qs[i / HD][i % HD] = to_f(qrow[i]) * scale * LOG2E;
     if (tid < GROUP) { m_s[tid] = NEG_INF; l_s[tid] = 0.f; }
-    size_t base = (size_t)slot[t] * MAX_LEN * NKV;
-    int vd = (tid % VT) * 8, kg = tid / VT;
     float acc[GROUP][8];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g)
@@ -238,10 +264,19 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
             float dot[GROUP];
 #pragma unroll
             for (int g = 0; g < GROUP; ++g) dot[g] = 0.f;
+#if ATT_PREFETCH
+            bool pre = prefetch && c == j0 && c + tid < L - 1;
+#pragma unroll
+#else
 #pragma unroll 4
+#endif
             for (int v8 = 0; v8 < HD / 8; ++v8) {
                 float kf[8];
+#if ATT_PREFETCH
+                unpack8(pre ? kp[v8] : kr[v8], kf);
+#else
                 unpack8(kr[v8], kf);
+#endif
 #pragma unroll
                 for (int g = 0; g < GROUP; ++g)
 #pragma unroll
@@ -277,10 +312,20 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
         for (int g = 0; g < GROUP; ++g)
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[g][e] *= alpha_s[g];
+#if ATT_PREFETCH > 1
+#pragma unroll
+        for (int i = 0; i < ATT_THREADS / KG; ++i) {
+            int j = kg + i * KG;
+            if (j >= n) break;
+            float vf[8];
+            bool pre = prefetch && c == j0 && c + j < L - 1;
+            unpack8(pre ? vp[i] : *(const uint4*)(vc + (base + (size_t)(c + j) * NKV + kvh) * HD + vd), vf);
+#else
 #pragma unroll 2
         for (int j = kg; j < n; j += KG) {
             float vf[8];
             unpack8(*(const uint4*)(vc + (base + (size_t)(c + j) * NKV + kvh) * HD + vd), vf);
+#endif
 #pragma unroll
             for (int g = 0; g < GROUP; ++g) {
                 float p = ps[g][j];
@@ -360,95 +405,6 @@ extern "C" __global__ void silu_mul(const u16* __restrict__ gu, u16* __restrict_
         act[k] = from_f(silu_mul1(to_f(gu[t * 2 * INTER + i]), to_f(gu[t * 2 * INTER + INTER + i])));
     }
 }
-
-// One-row projection y[o] (+)= sum_k xin[k] * W[o, k], the input computed once per block
-// into shared memory from x: MODE 0 as is, MODE 1 RMSNorm(x) * nw (the norm fused in).
-// WPR warps share a weight row,
-// each taking a slice of its 16-byte chunks. Dynamic shared memory: K floats.
-// OUT 0 writes the model dtype (adding to y with `accumulate`), OUT 1 f32, OUT 2 pairs
-// rows o and O + o of W (gate and up) and writes silu(gate) * up, each rounded as the
-// reference rounds the gate/up output: the activation without a gate/up buffer.
-template <int MODE, int WPR, int OUT>
-__device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* __restrict__ x,
-                                          const u16* __restrict__ nw, void* __restrict__ y,
-                                          int O, int K, int accumulate) {
-    pdl_enter();
-    extern __shared__ float4 xs4[];
-    float* xs = (float*)xs4;
-    __shared__ float red[32];
-    __shared__ float part[2][8];
-    if (MODE == 1) {
-        float ss = 0.f;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) { float v = to_f(x[k]); ss += v * v; }
-        float inv = rsqrtf(block_sum(ss, red) / K + EPS);
-        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = rnd(to_f(nw[k]) * rnd(to_f(x[k]) * inv));
-    } else {
-        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = to_f(x[k]);
-    }
-    __syncthreads();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kp = warp % WPR;
-    const float4* xv = xs4;
-    // Row groups are strided over the grid, so the staged input serves several rows.
-    for (int base = blockIdx.x * (8 / WPR); base < O; base += gridDim.x * (8 / WPR)) {
-        int o = base + warp / WPR;
-        float acc = 0.f, acc2 = 0.f;
-        if (o < O) {
-            const uint4* wr = (const uint4*)(W + (size_t)o * K);
-            const uint4* wr2 = (const uint4*)(W + (size_t)(O + o) * K);
-#pragma unroll 4
-            for (int k = kp * 32 + lane; k < (K >> 3); k += 32 * WPR) {
-                float wf[8];
-                unpack8(__ldg(wr + k), wf);
-                float4 a = xv[2 * k], b = xv[2 * k + 1];
-                acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w
-                     + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-                if (OUT == 2) {
-                    unpack8(__ldg(wr2 + k), wf);
-                    acc2 += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w
-                          + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-                }
-            }
-        }
-        acc = warp_sum(acc);
-        if (OUT == 2) acc2 = warp_sum(acc2);
-        if (WPR > 1) {
-            if (lane == 0) { part[0][warp] = acc; part[1][warp] = acc2; }
-            __syncthreads();
-            if (lane == 0 && kp == 0) {
-#pragma unroll
-                for (int k = 1; k < WPR; ++k) { acc += part[0][warp + k]; acc2 += part[1][warp + k]; }
-            }
-            __syncthreads();
-        }
-        if (lane == 0 && kp == 0 && o < O) {
-            if (OUT == 1) {
-                ((float*)y)[o] = rnd(acc);
-            } else if (OUT == 2) {
-                ((u16*)y)[o] = from_f(silu_mul1(rnd(acc), rnd(acc2)));
-            } else {
-                u16* yy = (u16*)y + o;
-                *yy = from_f(accumulate ? to_f(*yy) + acc : acc);
-            }
-        }
-    }
-}
-
-#define GEMV(MODE, WPR)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256) gemv_m##MODE##_w##WPR(                \
-        const u16* W, const u16* x, const u16* nw, u16* y, int O, int K, int acc) {         \
-        gemv_impl<MODE, WPR, 0>(W, x, nw, y, O, K, acc);                                    \
-    }                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256) gemv_m##MODE##_w##WPR##_f32(          \
-        const u16* W, const u16* x, const u16* nw, float* y, int O, int K, int acc) {       \
-        gemv_impl<MODE, WPR, 1>(W, x, nw, y, O, K, acc);                                    \
-    }                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256) gemv_m##MODE##_w##WPR##_pair(         \
-        const u16* W, const u16* x, const u16* nw, u16* y, int O, int K, int acc) {         \
-        gemv_impl<MODE, WPR, 2>(W, x, nw, y, O, K, acc);                                    \
-    }
-#define GEMV_ALL(MODE) GEMV(MODE, 1) GEMV(MODE, 2) GEMV(MODE, 4) GEMV(MODE, 8)
-GEMV_ALL(0)
-GEMV_ALL(1)
 
 // Greedy token and softmax probability in two passes: each of gridDim.y blocks of a row
 // reduces a slice to (max, first index of the max, sum of exp(l - max)); argmax_final

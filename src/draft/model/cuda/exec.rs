@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
-use super::{derr, splits_for, CudaEngine, GemvOut, Input, ARGMAX_BLOCKS, BUCKETS, GEMV_MAX_K};
+use super::{derr, splits_for, CudaEngine, Input, Role, TcRole, ARGMAX_BLOCKS, BUCKETS, TC_TILES};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
@@ -55,34 +55,194 @@ impl CudaEngine {
         .map_err(derr)
     }
 
-    fn fused_gemv(&self, n: usize, k: usize) -> bool {
-        self.fused && n == 1 && k <= GEMV_MAX_K
-    }
-
-    /// One-row GEMV kernel over x, or over RMSNorm(x) · `norm` when given; `o` outputs.
+    /// One-token projection kernel `role` over `units` output units (rows, or row pairs
+    /// for the pairing roles); `x` is the input row, `y` the output.
     #[allow(clippy::too_many_arguments)]
     fn gemv(
         &self,
+        role: Role,
         w: u64,
         x: u64,
+        nw: u64,
         y: u64,
-        o: usize,
-        k: usize,
-        norm: Option<u64>,
+        units: usize,
         accumulate: bool,
-        out: GemvOut,
+        bias: u64,
+        cache: (u64, u64),
     ) -> Result<(), DraftError> {
-        // Enough blocks to cover the GPU: small outputs split each row over warps.
-        let wpr = [1usize, 2, 4, 8]
-            .into_iter()
-            .find(|w| o * w / 8 >= 264)
-            .unwrap_or(8);
-        let f = &self.k.gemv[norm.is_some() as usize][wpr.trailing_zeros() as usize][out as usize];
-        let nw = norm.unwrap_or(0);
-        // Row groups beyond a few blocks per multiprocessor are strided in-kernel, so
-        // each block stages its input once for several rows.
-        let grid = (o.div_ceil(8 / wpr).min(8 * self.sms) as u32, 1, 1);
-        launch!(self, f, grid, 256, (k * 4) as u32; w, x, nw, y, o as i32, k as i32, accumulate as i32)
+        let (r, s) = self.tune.of(role);
+        let grid = (units.div_ceil(r * (8 / s)) as u32, 1, 1);
+        let a = &self.a;
+        launch!(self, &self.k.gemv[role as usize], grid, 256;
+            w, x, nw, y, units as i32, accumulate as i32, bias, a.cos.p, a.sin.p, a.pos,
+            a.slot, cache.0, cache.1, a.am_part.p)
+    }
+
+    /// The layers of a one-token step as GEMV kernels that compute their own inputs
+    /// (RMSNorm) and epilogues (bias + rotation + cache write, SiLU·mul, residual add).
+    fn encode_one(&self, splits: usize) -> Result<(), DraftError> {
+        let c = &self.cfg;
+        let (h, d, nh, nkv, inter) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_heads,
+            c.num_kv_heads,
+            c.intermediate_size,
+        );
+        let a = &self.a;
+        let scale = 1f32 / (d as f32).sqrt();
+        for (i, l) in self.layers.iter().enumerate() {
+            let (kc, vc) = (
+                self.kc.p + (i * self.layer_kv * 2) as u64,
+                self.vc.p + (i * self.layer_kv * 2) as u64,
+            );
+            let qkv_dim = (nh + 2 * nkv) * d;
+            if c.qk_norm {
+                // The per-head norm needs whole heads: a separate kernel after the GEMV.
+                self.gemv(
+                    Role::Qkv,
+                    l.qkv,
+                    a.x.p,
+                    l.ln1,
+                    a.qkv.p,
+                    qkv_dim,
+                    false,
+                    0,
+                    (0, 0),
+                )?;
+                let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
+                launch!(self, &self.k.qkv_post, (1, head_blocks, 1), 256;
+                    a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos, a.slot, a.q.p, kc, vc)?;
+            } else {
+                self.gemv(
+                    Role::QkvRope,
+                    l.qkv,
+                    a.x.p,
+                    l.ln1,
+                    a.q.p,
+                    qkv_dim / 2,
+                    false,
+                    l.qkv_bias,
+                    (kc, vc),
+                )?;
+            }
+            launch!(self, &self.k.attn, (1, nkv as u32, splits as u32), 128;
+                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32)?;
+            self.gemv(Role::O, l.o, a.attn.p, 0, a.x.p, h, true, 0, (0, 0))?;
+            self.gemv(
+                Role::GateUp,
+                l.gate_up,
+                a.x.p,
+                l.ln2,
+                a.act.p,
+                inter,
+                false,
+                0,
+                (0, 0),
+            )?;
+            self.gemv(Role::Down, l.down, a.act.p, 0, a.x.p, h, true, 0, (0, 0))?;
+        }
+        let v = c.vocab_size;
+        self.gemv(
+            Role::Lm,
+            self.lm_head,
+            a.x.p,
+            self.norm,
+            a.logits.p,
+            v,
+            false,
+            0,
+            (0, 0),
+        )?;
+        let nb = self.tune.lm_blocks(v) as i32;
+        launch!(self, &self.k.argmax_final_block, (1, 1, 1), 1024; a.am_part.p, nb, a.tok, a.prob)
+    }
+
+    /// Tensor-core projection `role` of `nt` tokens (2..=64) over `units` output units.
+    #[allow(clippy::too_many_arguments)]
+    fn tc_proj(
+        &self,
+        role: TcRole,
+        w: u64,
+        x: u64,
+        nw: u64,
+        y: u64,
+        units: usize,
+        accumulate: bool,
+        nt: usize,
+    ) -> Result<(), DraftError> {
+        let (grid, threads) = self.tc_tune.launch(role, units);
+        let tiles = TC_TILES
+            .iter()
+            .position(|&t| t * 16 >= nt)
+            .ok_or_else(|| DraftError::Model(format!("{nt} tokens for the tensor-core path")))?;
+        launch!(self, &self.k.tc[role as usize][tiles], (grid, 1, 1), threads;
+            w, x, nw, y, units as i32, accumulate as i32, nt as i32, self.a.am_part.p)
+    }
+
+    /// A decode step of `nt` tokens (2..=64) on the tensor-core kernels: per layer the
+    /// q/k/v projection with its RMSNorm, `qkv_post`, attention, the output projection
+    /// adding into the residual, gate/up with its RMSNorm writing silu(gate)·up, down.
+    fn encode_tc(&self, nt: usize, splits: usize) -> Result<(), DraftError> {
+        let c = &self.cfg;
+        let (h, d, nh, nkv, inter) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_heads,
+            c.num_kv_heads,
+            c.intermediate_size,
+        );
+        let a = &self.a;
+        let ntu = nt as u32;
+        let decode = 1i32;
+        let scale = 1f32 / (d as f32).sqrt();
+        for (i, l) in self.layers.iter().enumerate() {
+            let (kc, vc) = (
+                self.kc.p + (i * self.layer_kv * 2) as u64,
+                self.vc.p + (i * self.layer_kv * 2) as u64,
+            );
+            let qkv_dim = (nh + 2 * nkv) * d;
+            self.tc_proj(
+                TcRole::Qkv,
+                l.qkv,
+                a.x.p,
+                l.ln1,
+                a.qkv.p,
+                qkv_dim,
+                false,
+                nt,
+            )?;
+            let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
+            launch!(self, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
+                a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos, a.slot, a.q.p, kc, vc)?;
+            launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
+                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode)?;
+            self.tc_proj(TcRole::O, l.o, a.attn.p, 0, a.x.p, h, true, nt)?;
+            self.tc_proj(
+                TcRole::GateUp,
+                l.gate_up,
+                a.x.p,
+                l.ln2,
+                a.act.p,
+                inter,
+                false,
+                nt,
+            )?;
+            self.tc_proj(TcRole::Down, l.down, a.act.p, 0, a.x.p, h, true, nt)?;
+        }
+        let v = c.vocab_size;
+        self.tc_proj(
+            TcRole::Lm,
+            self.lm_head,
+            a.x.p,
+            self.norm,
+            a.logits.p,
+            v,
+            false,
+            nt,
+        )?;
+        let nb = self.tc_tune.launch(TcRole::Lm, v).0 as i32;
+        launch!(self, &self.k.argmax_final, (ntu, 1, 1), 32; a.am_part.p, nb, a.tok, a.prob)
     }
 
     /// y[n, o] (+)= in(x)[n, k] · W[o, k]ᵀ, where `in` is `input` applied to x.
@@ -99,20 +259,6 @@ impl CudaEngine {
         accumulate: bool,
         out_f32: bool,
     ) -> Result<(), DraftError> {
-        // SiLU·mul inputs come fused from the gate/up GEMV instead (`GemvOut::SiluPair`).
-        let norm = match input {
-            Input::Plain => Some(None),
-            Input::Norm(nw) => Some(Some(nw)),
-            Input::SiluMul => None,
-        };
-        if let (true, Some(norm)) = (self.fused_gemv(n, k), norm) {
-            let out = if out_f32 {
-                GemvOut::F32
-            } else {
-                GemvOut::Model
-            };
-            return self.gemv(w, x, y, o, k, norm, accumulate, out);
-        }
         let x = match input {
             Input::Plain => x,
             Input::Norm(nw) => {
@@ -190,7 +336,16 @@ impl CudaEngine {
         );
         let a = &self.a;
         let ntu = nt as u32;
-        launch!(self, &self.k.embed, (ntu, 1, 1), 128; a.ids.p, self.embed, a.x.p)?;
+        launch!(self, &self.k.embed, (ntu, 1, 1), 128; a.ids, self.embed, a.x.p)?;
+        if self.fused && nt == 1 {
+            return self.encode_one(splits);
+        }
+        // Every row one token: a decode step.
+        if self.tc && nt == nr && nt <= 64 {
+            return self.encode_tc(nt, splits);
+        }
+        // Attention may prefetch cache rows only when each slot gets one new token.
+        let decode = (nt == nr) as i32;
         let scale = 1f32 / (d as f32).sqrt();
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
@@ -210,9 +365,9 @@ impl CudaEngine {
             )?;
             let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
             launch!(self, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
-                a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos.p, a.slot.p, a.q.p, kc, vc)?;
+                a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos, a.slot, a.q.p, kc, vc)?;
             launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
-                a.q.p, kc, vc, a.pos.p, a.slot.p, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale)?;
+                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode)?;
             self.proj(
                 l.o,
                 a.attn.p,
@@ -224,116 +379,71 @@ impl CudaEngine {
                 true,
                 false,
             )?;
-            if self.fused_gemv(nt, h) {
-                // The gate/up GEMV writes the activation itself: no gate/up buffer, and
-                // no block of the down projection recomputes silu over its whole input.
-                self.gemv(
-                    l.gate_up,
-                    a.x.p,
-                    a.act.p,
-                    inter,
-                    h,
-                    Some(l.ln2),
-                    false,
-                    GemvOut::SiluPair,
-                )?;
-                self.proj(
-                    l.down,
-                    a.act.p,
-                    a.x.p,
-                    h,
-                    inter,
-                    nt,
-                    Input::Plain,
-                    true,
-                    false,
-                )?;
-            } else {
-                self.proj(
-                    l.gate_up,
-                    a.x.p,
-                    a.gu.p,
-                    2 * inter,
-                    h,
-                    nt,
-                    Input::Norm(l.ln2),
-                    false,
-                    false,
-                )?;
-                self.proj(
-                    l.down,
-                    a.gu.p,
-                    a.x.p,
-                    h,
-                    inter,
-                    nt,
-                    Input::SiluMul,
-                    true,
-                    false,
-                )?;
-            }
+            self.proj(
+                l.gate_up,
+                a.x.p,
+                a.gu.p,
+                2 * inter,
+                h,
+                nt,
+                Input::Norm(l.ln2),
+                false,
+                false,
+            )?;
+            self.proj(
+                l.down,
+                a.gu.p,
+                a.x.p,
+                h,
+                inter,
+                nt,
+                Input::SiluMul,
+                true,
+                false,
+            )?;
         }
         // Final norm of the sampled rows, then the output projection.
-        if self.fused_gemv(nr, h) {
-            let row = self.h_rows.first().copied().unwrap_or(0) as u64;
-            let x = a.x.p + row * (h as u64) * 2;
-            self.proj(
-                self.lm_head,
-                x,
-                a.logits.p,
-                c.vocab_size,
-                h,
-                1,
-                Input::Norm(self.norm),
-                false,
-                true,
-            )?;
-        } else {
-            launch!(self, &self.k.rmsnorm, (nr as u32, 1, 1), 256; a.x.p, self.norm, a.xs.p, a.rows.p)?;
-            self.gemm(
-                self.lm_head,
-                a.xs.p,
-                a.logits.p,
-                c.vocab_size,
-                h,
-                nr,
-                false,
-                true,
-            )?;
-        }
+        launch!(self, &self.k.rmsnorm, (nr as u32, 1, 1), 256; a.x.p, self.norm, a.xs.p, a.rows)?;
+        self.gemm(
+            self.lm_head,
+            a.xs.p,
+            a.logits.p,
+            c.vocab_size,
+            h,
+            nr,
+            false,
+            true,
+        )?;
         launch!(self, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, c.vocab_size as i32, a.am_part.p)?;
-        launch!(self, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, a.tok.p, a.prob.p)
+        launch!(self, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, a.tok, a.prob)
     }
 
     fn upload_inputs(&mut self, n: usize, nr: usize) -> Result<(), DraftError> {
-        let copy = |src: &[i32], dst: u64| -> Result<(), DraftError> {
-            // SAFETY: dst is an engine-owned buffer of at least max_tokens i32 and
-            // src.len() <= max_tokens (checked by the caller).
-            unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(derr)
-        };
-        copy(&self.h_ids[..n], self.a.ids.p)?;
-        copy(&self.h_pos[..n], self.a.pos.p)?;
-        copy(&self.h_slot[..n], self.a.slot.p)?;
-        copy(&self.h_rows[..nr], self.a.rows.p)
+        let t = self.max_tokens;
+        let mut inp = std::mem::take(&mut self.h_in);
+        inp.clear();
+        inp.resize(3 * t + nr, 0);
+        inp[..n].copy_from_slice(&self.h_ids[..n]);
+        inp[t..t + n].copy_from_slice(&self.h_pos[..n]);
+        inp[2 * t..2 * t + n].copy_from_slice(&self.h_slot[..n]);
+        inp[3 * t..].copy_from_slice(&self.h_rows[..nr]);
+        // SAFETY: the input buffer holds 4 * max_tokens i32 and nr <= max_tokens.
+        let r = unsafe { result::memcpy_htod_async(self.a.inp.p, &inp, self.stream.cu_stream()) };
+        self.h_in = inp;
+        r.map_err(derr)
     }
 
     fn download(&self, nr: usize) -> Result<Vec<Sample>, DraftError> {
-        let mut tok = vec![0i32; nr];
-        let mut prob = vec![0f32; nr];
-        // SAFETY: tok/prob hold at least nr entries on the device and on the host.
-        unsafe {
-            result::memcpy_dtoh_async(&mut tok, self.a.tok.p, self.stream.cu_stream())
-                .map_err(derr)?;
-            result::memcpy_dtoh_async(&mut prob, self.a.prob.p, self.stream.cu_stream())
-                .map_err(derr)?;
-        }
+        let m = self.max_rows;
+        let mut out = vec![0u32; 2 * m];
+        // SAFETY: the output buffer holds 2 * max_rows u32 on the device and on the host.
+        unsafe { result::memcpy_dtoh_async(&mut out, self.a.out.p, self.stream.cu_stream()) }
+            .map_err(derr)?;
         self.stream.synchronize().map_err(derr)?;
-        Ok(tok
-            .into_iter()
-            .zip(prob)
-            .map(|(t, p)| Sample {
-                token: t as u32,
-                prob: p,
+        Ok((0..nr)
+            .map(|i| Sample {
+                token: out[i],
+                prob: f32::from_bits(out[m + i]),
             })
             .collect())
     }

@@ -1,0 +1,212 @@
+//! Choices the one-token kernels are compiled with: the GEMV shapes per projection, what
+//! attention prefetches, and the kernel source.
+
+use super::ModelConfig;
+use crate::draft::DraftError;
+
+/// The kernel sources, compiled as one module when the model loads.
+const KERNELS: [(&str, &str); 3] = [
+    ("kernels.cu", include_str!("../kernels.cu")),
+    ("gemv.cu", include_str!("../gemv.cu")),
+    ("mma.cu", include_str!("../mma.cu")),
+];
+
+/// The one-token projection kernels (`gemv_*` in kernels.cu), in `Kernels::gemv` order.
+#[derive(Clone, Copy)]
+pub(super) enum Role {
+    /// q/k/v with the input RMSNorm (models with qk-norm: `qkv_post` follows).
+    Qkv = 0,
+    /// q/k/v with the input RMSNorm, bias, rotation and cache write in the epilogue.
+    QkvRope = 1,
+    O = 2,
+    /// gate/up with the RMSNorm, writing silu(gate)·up.
+    GateUp = 3,
+    Down = 4,
+    /// Output projection with the final RMSNorm and per-block argmax partials.
+    Lm = 5,
+}
+
+pub(super) const ROLE_KERNELS: [&str; 6] = [
+    "gemv_qkv",
+    "gemv_qkv_rope",
+    "gemv_o",
+    "gemv_gate_up",
+    "gemv_down",
+    "gemv_lm",
+];
+
+/// Output units per warp (R) and warps per unit (S) of each one-token projection:
+/// enough blocks to cover the GPU and bytes in flight per warp, few registers.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GemvTune {
+    qkv: (usize, usize),
+    o: (usize, usize),
+    gate_up: (usize, usize),
+    down: (usize, usize),
+    lm: (usize, usize),
+}
+
+impl GemvTune {
+    pub(super) fn new(c: &ModelConfig) -> Self {
+        let mut t = Self {
+            qkv: (1, 1),
+            o: (1, 1),
+            gate_up: (1, 1),
+            down: (1, 4),
+            lm: (if c.hidden_size > 1024 { 2 } else { 4 }, 1),
+        };
+        if c.intermediate_size > 6144 {
+            t.down = (1, 8);
+        }
+        // SPECD_DRAFT_GEMV="down=1x8,lm=2x1" overrides them (tuning on another GPU).
+        if let Ok(v) = std::env::var("SPECD_DRAFT_GEMV") {
+            for item in v.split(',') {
+                if let Some((role, rs)) = parse_tune(item) {
+                    match role {
+                        "qkv" => t.qkv = rs,
+                        "o" => t.o = rs,
+                        "gate_up" => t.gate_up = rs,
+                        "down" => t.down = rs,
+                        "lm" => t.lm = rs,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        t
+    }
+
+    pub(super) fn of(&self, role: Role) -> (usize, usize) {
+        match role {
+            Role::Qkv | Role::QkvRope => self.qkv,
+            Role::O => self.o,
+            Role::GateUp => self.gate_up,
+            Role::Down => self.down,
+            Role::Lm => self.lm,
+        }
+    }
+
+    /// Blocks of the output projection over `vocab` rows (one argmax partial each).
+    pub(super) fn lm_blocks(&self, vocab: usize) -> usize {
+        vocab.div_ceil(self.lm.0 * (8 / self.lm.1))
+    }
+
+    pub(super) fn defines(&self) -> String {
+        [
+            ("QKV", self.qkv),
+            ("O", self.o),
+            ("GU", self.gate_up),
+            ("DOWN", self.down),
+            ("LM", self.lm),
+        ]
+        .iter()
+        .map(|(n, (r, s))| format!("#define GEMV_{n}_R {r}\n#define GEMV_{n}_S {s}\n"))
+        .collect()
+    }
+}
+
+/// The kernels' source; `SPECD_DRAFT_KERNELS=DIR` reads the files from DIR instead
+/// (kernel development without a rebuild).
+pub(super) fn kernel_source() -> Result<String, DraftError> {
+    let dir = std::env::var("SPECD_DRAFT_KERNELS").ok();
+    let mut src = String::new();
+    for (name, text) in KERNELS {
+        match &dir {
+            Some(d) => {
+                let path = std::path::Path::new(d).join(name);
+                src += &std::fs::read_to_string(&path)
+                    .map_err(|e| DraftError::Model(format!("reading {}: {e}", path.display())))?;
+            }
+            None => src += text,
+        }
+        src.push('\n');
+    }
+    Ok(src)
+}
+
+/// What attention loads before waiting for its predecessor: 0 nothing, 1 the first
+/// chunk's keys, 2 its values too (registers: values only up to head_dim 64).
+/// `SPECD_DRAFT_ATT_PREFETCH` overrides.
+pub(super) fn att_prefetch(head_dim: usize) -> u32 {
+    let default = if head_dim <= 64 {
+        2
+    } else if head_dim <= 128 {
+        1
+    } else {
+        0
+    };
+    std::env::var("SPECD_DRAFT_ATT_PREFETCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(default, |v: u32| if head_dim > 128 { 0 } else { v.min(2) })
+}
+
+/// `role=RxS` with 1 <= R <= 8 and S one of 1, 2, 4, 8.
+fn parse_tune(item: &str) -> Option<(&str, (usize, usize))> {
+    let (role, rs) = item.split_once('=')?;
+    let (r, s) = rs.split_once('x')?;
+    let (r, s): (usize, usize) = (r.trim().parse().ok()?, s.trim().parse().ok()?);
+    ((1..=8).contains(&r) && [1, 2, 4, 8].contains(&s)).then_some((role.trim(), (r, s)))
+}
+
+/// The multi-token tensor-core projections (`tc_*` in mma.cu), in `Kernels::tc` order.
+#[derive(Clone, Copy)]
+pub(super) enum TcRole {
+    Qkv = 0,
+    O = 1,
+    GateUp = 2,
+    Down = 3,
+    Lm = 4,
+}
+
+pub(super) const TC_KERNELS: [&str; 5] = ["tc_qkv", "tc_o", "tc_gate_up", "tc_down", "tc_lm"];
+/// Token tiles (of 16) the `tc_*` kernels are compiled for: steps of up to 64 tokens.
+pub(super) const TC_TILES: [usize; 3] = [1, 2, 4];
+
+/// Per tensor-core projection: tiles of 8 output units per warp (RT), warps summing one
+/// tile's k blocks (S), tile groups per block (RG); a block has RG × S warps (<= 16).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TcTune([(usize, usize, usize); 5]);
+
+impl TcTune {
+    pub(super) fn from_env() -> Self {
+        let mut t = Self([(1, 8, 1), (1, 8, 1), (1, 4, 2), (1, 16, 1), (2, 2, 4)]);
+        // SPECD_DRAFT_TC_TUNE="down=1x8x2,lm=2x1x8" overrides them.
+        if let Ok(v) = std::env::var("SPECD_DRAFT_TC_TUNE") {
+            for item in v.split(',') {
+                let Some((role, rest)) = item.split_once('=') else {
+                    continue;
+                };
+                let n: Vec<usize> = rest
+                    .split('x')
+                    .filter_map(|x| x.trim().parse().ok())
+                    .collect();
+                let Some(i) = TC_KERNELS.iter().position(|k| k[3..] == *role.trim()) else {
+                    continue;
+                };
+                if let [rt, s, rg] = n[..] {
+                    if (1..=4).contains(&rt) && s.is_power_of_two() && rg >= 1 && rg * s <= 16 {
+                        t.0[i] = (rt, s, rg);
+                    }
+                }
+            }
+        }
+        t
+    }
+
+    /// (grid, threads) of `role` over `units` output units.
+    pub(super) fn launch(&self, role: TcRole, units: usize) -> (u32, u32) {
+        let (rt, s, rg) = self.0[role as usize];
+        (units.div_ceil(rt * 8 * rg) as u32, (32 * s * rg) as u32)
+    }
+
+    pub(super) fn defines(&self) -> String {
+        ["QKV", "O", "GU", "DOWN", "LM"]
+            .iter()
+            .zip(self.0)
+            .map(|(n, (rt, s, rg))| {
+                format!("#define TC_{n}_RT {rt}\n#define TC_{n}_S {s}\n#define TC_{n}_RG {rg}\n")
+            })
+            .collect()
+    }
+}

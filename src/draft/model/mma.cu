@@ -1,0 +1,256 @@
+// Decode steps of several tokens (2..64 streams) on tensor cores, compiled after
+// kernels.cu in one NVRTC module: Y[n, o] (+)= in(X)[n, k] · W[o, k] with mma.sync
+// m16n8k16, tokens as the 16 rows of A and 8 weight rows as the 8 columns of B. The sum
+// over k may take its terms in any order, so a thread's fragments are 16 contiguous
+// bytes of a row (its 8 k of a 32-wide k block) for X and W alike: one vector load each.
+//
+// A warp owns RT tiles of 8 output units for TT tiles of 16 tokens over every S-th k
+// block; S warps of a unit sum in shared memory, RG unit groups a block. The first
+// k blocks' weights are loaded before waiting for the predecessor (programmatic
+// dependent launch). MODE 1 computes RMSNorm(X) · nw on the fly (per-token scale in
+// shared memory), OUT as the one-token GEMVs: 0 model dtype (+ accumulate), 2 rows o and
+// O + o of gate/up to silu(gate)·up, 4 f32 logits and per-(token, block) argmax partials
+// (max, first index, sum of exp) for argmax_final.
+
+#if DT_BF16
+#define MMA_T "bf16"
+#else
+#define MMA_T "f16"
+#endif
+
+__device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    return (u32)from_f(lo) | ((u32)from_f(hi) << 16);
+}
+
+// RMSNorm of a 16-byte chunk of X (values of the model dtype, so the rounding is exact).
+__device__ __forceinline__ uint4 norm8(uint4 v, uint4 w, float inv) {
+    float f[8], n[8];
+    unpack8(v, f);
+    unpack8(w, n);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = rnd(n[e] * rnd(f[e] * inv));
+    return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+}
+
+#ifndef TC_U
+#define TC_U 2  // k blocks in flight per warp
+#endif
+
+template <int K, int MODE, int RT, int S, int RG, int TT, int OUT>
+__device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __restrict__ X,
+                                        const u16* __restrict__ nw, void* __restrict__ y, int O,
+                                        int accumulate, int nt, float* __restrict__ aux) {
+    constexpr int NKB = K / 32;
+    constexpr int RW = OUT == 2 ? 2 : 1;  // weight tiles per unit tile
+    constexpr int NW = RT * RW;
+    constexpr int NACC = RT * TT * 4 * RW;
+    constexpr int ITER = (NKB + S - 1) / S;
+    __shared__ float inv_s[TT * 16];
+    __shared__ float red[S > 1 ? (S - 1) * RG : 1][NACC][32];
+    __shared__ float bm[RG][TT * 16];
+    __shared__ int bi_s[RG][TT * 16];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    int s = warp % S, grp = warp / S;
+    int u0 = (blockIdx.x * RG + grp) * RT * 8;  // first output unit of the warp
+    const uint4* wrow[NW];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int w = 0; w < RW; ++w) {
+            int row = min(u0 + r * 8 + g, O - 1) + w * O;
+            wrow[r * RW + w] = (const uint4*)(W + (size_t)row * K) + tig;
+        }
+    uint4 wb[TC_U][NW];
+#pragma unroll
+    for (int u = 0; u < TC_U; ++u) {
+        int kb = s + S * u;
+#pragma unroll
+        for (int i = 0; i < NW; ++i) wb[u][i] = kb < NKB ? __ldg(wrow[i] + kb * 4) : make_uint4(0, 0, 0, 0);
+    }
+    pdl_enter();
+    if (MODE == 1) {
+        for (int t = warp; t < TT * 16; t += blockDim.x >> 5) {
+            const uint4* xr = (const uint4*)(X + (size_t)min(t, nt - 1) * K);
+            float ss = 0.f;
+            for (int c = lane; c < K / 8; c += 32) {
+                float f[8];
+                unpack8(xr[c], f);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) inv_s[t] = rsqrtf(ss / K + EPS);
+        }
+        __syncthreads();
+    }
+    const uint4* xrow[TT][2];
+    float inv[TT][2];
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int tok = min(t * 16 + g + 8 * h, nt - 1);
+            xrow[t][h] = (const uint4*)(X + (size_t)tok * K) + tig;
+            inv[t][h] = MODE == 1 ? inv_s[tok] : 1.f;
+        }
+    float acc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+    for (int it = 0; it < ITER; it += TC_U) {
+        uint4 wn[TC_U][NW];
+#pragma unroll
+        for (int u = 0; u < TC_U; ++u) {
+            int kb = s + S * (it + TC_U + u);
+#pragma unroll
+            for (int i = 0; i < NW; ++i) wn[u][i] = kb < NKB ? __ldg(wrow[i] + kb * 4) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < TC_U; ++u) {
+            int kb = s + S * (it + u);
+            if (kb >= NKB) break;
+            uint4 xa[TT][2];
+#pragma unroll
+            for (int t = 0; t < TT; ++t)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    xa[t][h] = xrow[t][h][kb * 4];
+                    if (MODE == 1) xa[t][h] = norm8(xa[t][h], ((const uint4*)nw)[kb * 4 + tig], inv[t][h]);
+                }
+#pragma unroll
+            for (int i = 0; i < NW; ++i)
+#pragma unroll
+                for (int t = 0; t < TT; ++t) {
+                    float* d = acc + (i * TT + t) * 4;
+                    uint4 a = xa[t][0], b = xa[t][1], w = wb[u][i];
+                    mma16816(d, a.x, b.x, a.y, b.y, w.x, w.y);
+                    mma16816(d, a.z, b.z, a.w, b.w, w.z, w.w);
+                }
+        }
+#pragma unroll
+        for (int u = 0; u < TC_U; ++u)
+#pragma unroll
+            for (int i = 0; i < NW; ++i) wb[u][i] = wn[u][i];
+    }
+    if (S > 1) {
+        if (s > 0)
+#pragma unroll
+            for (int i = 0; i < NACC; ++i) red[grp * (S - 1) + s - 1][i][lane] = acc[i];
+        __syncthreads();
+        if (s == 0)
+            for (int k = 0; k < S - 1; ++k)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i) acc[i] += red[grp * (S - 1) + k][i][lane];
+    }
+    // acc[(i * TT + t) * 4 + 2h + e]: token t*16 + g + 8h, unit row u0 + (i / RW) * 8 + tig*2 + e.
+    if (OUT == 4) {
+        float best[TT][2];
+        int bix[TT][2];
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                best[t][h] = NEG_INF; bix[t][h] = 0x7fffffff;
+#pragma unroll
+                for (int r = 0; r < RT; ++r)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        int row = u0 + r * 8 + tig * 2 + e;
+                        float v = rnd(acc[(r * TT + t) * 4 + 2 * h + e]);
+                        if (row < O && v > best[t][h]) { best[t][h] = v; bix[t][h] = row; }
+                    }
+#pragma unroll
+                for (int o = 1; o < 4; o <<= 1) {
+                    float ov = __shfl_xor_sync(0xffffffffu, best[t][h], o);
+                    int oi = __shfl_xor_sync(0xffffffffu, bix[t][h], o);
+                    if (ov > best[t][h] || (ov == best[t][h] && oi < bix[t][h])) { best[t][h] = ov; bix[t][h] = oi; }
+                }
+                if (s == 0 && tig == 0) { bm[grp][t * 16 + g + 8 * h] = best[t][h]; bi_s[grp][t * 16 + g + 8 * h] = bix[t][h]; }
+            }
+        __syncthreads();
+        if (threadIdx.x < TT * 16) {
+            int tk = threadIdx.x;
+            float b = bm[0][tk];
+            int bi = bi_s[0][tk];
+            for (int q = 1; q < RG; ++q)
+                if (bm[q][tk] > b || (bm[q][tk] == b && bi_s[q][tk] < bi)) { b = bm[q][tk]; bi = bi_s[q][tk]; }
+            inv_s[tk] = b;  // reused: the block's max per token
+            if (tk < nt) {
+                float* p = aux + ((size_t)tk * gridDim.x + blockIdx.x) * 3;
+                p[0] = b; p[1] = __int_as_float(bi);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float m = inv_s[t * 16 + g + 8 * h], sum = 0.f;
+#pragma unroll
+                for (int r = 0; r < RT; ++r)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        int row = u0 + r * 8 + tig * 2 + e;
+                        if (row < O && m != NEG_INF) sum += __expf(rnd(acc[(r * TT + t) * 4 + 2 * h + e]) - m);
+                    }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                if (s == 0 && tig == 0) bm[grp][t * 16 + g + 8 * h] = sum;
+            }
+        __syncthreads();
+        if (threadIdx.x < TT * 16 && (int)threadIdx.x < nt) {
+            float sum = 0.f;
+            for (int q = 0; q < RG; ++q) sum += bm[q][threadIdx.x];
+            aux[((size_t)threadIdx.x * gridDim.x + blockIdx.x) * 3 + 2] = sum;
+        }
+    }
+    if (s != 0) return;
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int tok = t * 16 + g + 8 * h, row = u0 + r * 8 + tig * 2;
+                if (tok >= nt || row >= O) continue;
+                const float* d = acc + ((r * RW) * TT + t) * 4 + 2 * h;
+                size_t at = (size_t)tok * O + row;
+                if (OUT == 4) {
+                    ((float*)y)[at] = rnd(d[0]);
+                    if (row + 1 < O) ((float*)y)[at + 1] = rnd(d[1]);
+                } else if (OUT == 2) {
+                    const float* up = acc + ((r * RW + 1) * TT + t) * 4 + 2 * h;
+                    *(u32*)((u16*)y + at) = (u32)from_f(silu_mul1(rnd(d[0]), rnd(up[0]))) |
+                                            ((u32)from_f(silu_mul1(rnd(d[1]), rnd(up[1]))) << 16);
+                } else {
+                    u32* yy = (u32*)((u16*)y + at);
+                    float a = d[0], b = d[1];
+                    if (accumulate) {
+                        u32 old = *yy;
+                        a += to_f((u16)(old & 0xffff));
+                        b += to_f((u16)(old >> 16));
+                    }
+                    *yy = (u32)from_f(a) | ((u32)from_f(b) << 16);
+                }
+            }
+}
+
+#define TC_KERNEL(NAME, K, MODE, ROLE, OUT, TT)                                                   \
+    extern "C" __global__ void __launch_bounds__(512) NAME##_t##TT(                             \
+        const u16* W, const u16* X, const u16* nw, void* y, int O, int acc, int nt, float* aux) { \
+        tc_impl<K, MODE, TC_##ROLE##_RT, TC_##ROLE##_S, TC_##ROLE##_RG, TT, OUT>(W, X, nw, y, O, \
+                                                                                 acc, nt, aux);  \
+    }
+#define TC_ALL(NAME, K, MODE, ROLE, OUT) \
+    TC_KERNEL(NAME, K, MODE, ROLE, OUT, 1) TC_KERNEL(NAME, K, MODE, ROLE, OUT, 2) TC_KERNEL(NAME, K, MODE, ROLE, OUT, 4)
+TC_ALL(tc_qkv, HIDDEN, 1, QKV, 0)
+TC_ALL(tc_o, NH * HD, 0, O, 0)
+TC_ALL(tc_gate_up, HIDDEN, 1, GU, 2)
+TC_ALL(tc_down, INTER, 0, DOWN, 0)
+TC_ALL(tc_lm, HIDDEN, 1, LM, 4)
