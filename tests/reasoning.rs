@@ -6,29 +6,18 @@
 //! through.
 
 mod common;
+#[path = "common/tool_chat.rs"]
+#[allow(dead_code)]
+mod tool_chat;
 
 use common::*;
 use futures_util::future::join_all;
 use serde_json::{json, Value};
+use tool_chat::{
+    ask, direct_again, request, rounds, served_model, usage_tokens, user, whole, Answer,
+};
 
 const PARSER: &str = "deepseek_r1";
-
-/// The served model's name, as the upstream reports it.
-async fn served_model(up: &str) -> String {
-    let v: Value = client()
-        .get(format!("{up}/v1/models"))
-        .send()
-        .await
-        .expect("models")
-        .json()
-        .await
-        .expect("models json");
-    v["data"][0]["id"].as_str().expect("model id").to_string()
-}
-
-fn user(text: &str) -> Value {
-    json!({"role": "user", "content": text})
-}
 
 /// Deterministic conversations: the model's training tasks, others it never saw,
 /// multi-turn ones whose history holds an earlier answer's reasoning, a system message,
@@ -83,101 +72,6 @@ fn conversations() -> Vec<(Vec<Value>, u32, Value)> {
         json!({"continue_final_message": true, "add_generation_prompt": false}),
     ));
     out
-}
-
-/// What must match between a direct and a speculated answer.
-#[derive(Debug, PartialEq)]
-struct Answer {
-    reasoning: Value,
-    content: Value,
-    finish_reason: Value,
-    stop_reason: Value,
-    usage: Value,
-}
-
-fn usage_tokens(u: &Value) -> Value {
-    json!({"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
-           "total_tokens": u["total_tokens"],
-           "completion_tokens_details": u["completion_tokens_details"]})
-}
-
-fn whole(v: &Value) -> Answer {
-    let c = &v["choices"][0];
-    Answer {
-        reasoning: c["message"]["reasoning"].clone(),
-        content: c["message"]["content"].clone(),
-        finish_reason: c["finish_reason"].clone(),
-        stop_reason: c["stop_reason"].clone(),
-        usage: usage_tokens(&v["usage"]),
-    }
-}
-
-/// A stream's concatenated `delta.reasoning` and `delta.content`, its finish and usage.
-fn streamed(events: &[Value]) -> Answer {
-    let (mut reasoning, mut content) = (String::new(), String::new());
-    let mut last = &Value::Null;
-    let mut usage = &Value::Null;
-    for e in events {
-        if let Some(c) = e.pointer("/choices/0") {
-            let d = &c["delta"];
-            reasoning.push_str(d["reasoning"].as_str().unwrap_or(""));
-            content.push_str(d["content"].as_str().unwrap_or(""));
-            if !c["finish_reason"].is_null() {
-                last = c;
-            }
-        }
-        if !e["usage"].is_null() {
-            usage = &e["usage"];
-        }
-    }
-    Answer {
-        reasoning: reasoning.into(),
-        content: content.into(),
-        finish_reason: last["finish_reason"].clone(),
-        stop_reason: last["stop_reason"].clone(),
-        usage: usage_tokens(usage),
-    }
-}
-
-async fn request(up: &str, conv: &(Vec<Value>, u32, Value)) -> Value {
-    let model = served_model(up).await;
-    let mut body = json!({"model": model, "messages": conv.0, "max_tokens": conv.1,
-                          "temperature": 0});
-    let extra = conv.2.as_object().cloned().unwrap_or_default();
-    body.as_object_mut().expect("object").extend(extra);
-    body
-}
-
-fn rounds(usage: &Value) -> u64 {
-    usage["speculation"]["rounds"].as_u64().unwrap_or(0)
-}
-
-/// One answer through `base`; its comparable part and `usage.speculation.rounds`.
-async fn ask(base: &str, body: &Value, stream: bool) -> (Answer, u64) {
-    let mut body = body.clone();
-    if stream {
-        body["stream"] = json!(true);
-        body["stream_options"] = json!({"include_usage": true});
-        let (status, events, done) = post_stream(base, "/v1/chat/completions", &body).await;
-        assert!(status == 200 && done, "{status} {events:?}");
-        let usage = events.iter().rev().find(|e| !e["usage"].is_null());
-        let r = usage.map_or(0, |e| rounds(&e["usage"]));
-        (streamed(&events), r)
-    } else {
-        let (status, v) = post(base, "/v1/chat/completions", &body).await;
-        assert_eq!(status, 200, "{v}");
-        (whole(&v), rounds(&v["usage"]))
-    }
-}
-
-/// Whether a quiet repeat of the direct streamed request gives `want` (a few tries).
-async fn direct_again(up: &str, body: &Value, want: &Answer) -> bool {
-    for _ in 0..3 {
-        if ask(up, body, true).await.0 == *want {
-            return true;
-        }
-    }
-    false
 }
 
 /// Each conversation, streamed and not, in `on` and `auto`: mismatches (or answers

@@ -1,5 +1,6 @@
 //! Chat with tools through specd against a real vLLM, shared by the tool-call tests
-//! (tests/tools.rs: hermes; tests/tools_kimi.rs: kimi_k2): deterministic conversations
+//! (tests/tools.rs: hermes; tests/tools_kimi.rs: kimi_k2) and, for asking and comparing
+//! answers, the reasoning tests (tests/reasoning.rs): deterministic conversations
 //! (calls, questions no tool fits, earlier calls with their results, `tool_choice`
 //! `none` and `auto`, budgets, stop strings, logprobs, a chat without tools), each
 //! answered directly and through specd, streamed and not, in modes `on` and `auto`.
@@ -124,13 +125,13 @@ pub fn conversations() -> Vec<(Vec<Value>, u32, Value)> {
 /// aside).
 #[derive(Debug, PartialEq)]
 pub struct Answer {
-    reasoning: Value,
-    content: Value,
+    pub reasoning: Value,
+    pub content: Value,
     /// Per call: (name, arguments, the ids (`id_view`) of its pieces that start it).
-    calls: Vec<(Value, Value, Vec<Value>)>,
-    finish_reason: Value,
-    stop_reason: Value,
-    usage: Value,
+    pub calls: Vec<(Value, Value, Vec<Value>)>,
+    pub finish_reason: Value,
+    pub stop_reason: Value,
+    pub usage: Value,
 }
 
 pub fn usage_tokens(u: &Value) -> Value {
