@@ -15,6 +15,7 @@
 //!   no text sends nothing (the last one an empty delta).
 
 pub mod hermes;
+pub mod engine;
 pub mod kimi_k2;
 pub mod llama3_json;
 pub mod pyjson;
