@@ -13,7 +13,7 @@ use crate::config::{ReasoningParser, ToolCallParser};
 use crate::speculation::generation::parse_step;
 use crate::speculation::output::read_whole;
 use crate::speculation::reasoning::{engine, thinking, Reasoning};
-use crate::speculation::tools::{Choice, EngineTools, Tools};
+use crate::speculation::tools::{Choice, EngineGrammar, EngineTools, Tools};
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -103,7 +103,7 @@ fn setup(f: &Fixture, c: &Case) -> Setup {
         parser: ToolCallParser::KimiK2,
         choice,
         engine: Some(Arc::new(EngineTools {
-            grammar: Arc::new(grammar),
+            grammar: EngineGrammar::KimiK2(Arc::new(grammar)),
             declared,
         })),
     };
