@@ -14,8 +14,8 @@
 //! - `tool_choice: "none"`, or no tools: the text is content; a streamed step that adds
 //!   no text sends nothing (the last one an empty delta).
 
-pub mod hermes;
 pub mod engine;
+pub mod hermes;
 pub mod kimi_k2;
 pub mod llama3_json;
 pub mod pyjson;
@@ -150,11 +150,9 @@ impl EngineParser {
     fn new(e: &EngineTools, suppress: bool) -> Self {
         match &e.grammar {
             EngineGrammar::KimiK2(g) => EngineParser::KimiK2(kimi_k2::Parser::new(g, suppress)),
-            EngineGrammar::Qwen3Coder(g) => EngineParser::Qwen3Coder(qwen3_coder::Parser::new(
-                g,
-                e.declared.as_ref(),
-                suppress,
-            )),
+            EngineGrammar::Qwen3Coder(g) => {
+                EngineParser::Qwen3Coder(qwen3_coder::Parser::new(g, e.declared.as_ref(), suppress))
+            }
         }
     }
 
