@@ -4,7 +4,8 @@
     ~/.cache/specd/vllm-venv/bin/python scripts/qwen3_coder_tool_reference.py \\
         > src/speculation/tools/qwen3_coder_vllm.json
 
-Driven by `engine_tool_reference.py` (alone, and with `--reasoning-parser qwen3`).
+Driven by `engine_tool_reference.py` (alone, with `--reasoning-parser qwen3`, and with
+`--reasoning-parser deepseek_r1`, which vLLM composes the classic way).
 `<think>`, `</think>`, `<tool_call>` and `</tool_call>` are tokens of the stand-in
 tokenizer (the markers the engine matches by id); `<function=`, `</function>`,
 `<parameter=` and `</parameter>` are tokens too but matched by text, as vLLM's config
@@ -96,9 +97,9 @@ def main():
     im_start, think, end = tok.id("<|im_start|>"), tok.id("<think>"), tok.id("</think>")
     prompts = [[im_start, tok.id("assistant\n"), think], [think, tok.id("r"), end]]
     cases = []
-    for reasoning in (None, "qwen3"):
+    for reasoning in (None, "qwen3", "deepseek_r1"):
         for kwargs in (None, {"enable_thinking": False}):
-            if kwargs is not None and reasoning is None:
+            if kwargs is not None and reasoning != "qwen3":
                 continue
             for choice, req in requests(TOOLS):
                 for text in TEXTS:

@@ -130,6 +130,11 @@ pub struct EngineTools {
     pub grammar: EngineGrammar,
     /// The request's tools; `None` when it has none.
     pub declared: Option<schema::Declared>,
+    /// Composed beside a reasoning parser that is not of the engine (qwen3_coder with
+    /// `deepseek_r1`): vLLM's serving then treats `tool_choice: "none"`, and answers
+    /// without calls, as it does with the classic parsers (the text as it is), and
+    /// keeps special tokens for every chat request.
+    pub delegated: bool,
 }
 
 /// A grammar-engine config bound to the model.
@@ -217,18 +222,20 @@ impl Tools {
             engine: Some(Arc::new(EngineTools {
                 grammar: EngineGrammar::KimiK2(Arc::new(grammar)),
                 declared,
+                delegated: false,
             })),
         })
     }
 
     /// `qwen3_coder` for a request of `body` to a model of `tok`; `reasoning`: the
-    /// `qwen3` reasoning parser runs too. `None` where specd does not reproduce the parse
-    /// (tools of a shape it does not read).
+    /// reasoning parser that runs too (`qwen3`, of the same engine, or `deepseek_r1`).
+    /// `None` where specd does not reproduce the parse (tools of a shape it does not
+    /// read).
     pub fn qwen3_coder(
         choice: Choice,
         tok: &Arc<ModelTokenizer>,
         body: &serde_json::Map<String, Value>,
-        reasoning: bool,
+        reasoning: Option<ReasoningParser>,
     ) -> Option<Self> {
         let declared = match body.get("tools").filter(|t| !t.is_null()) {
             None => None,
@@ -236,7 +243,7 @@ impl Tools {
         };
         let one = tok.clone();
         let grammar = qwen3_coder::Grammar::new(
-            !reasoning,
+            reasoning.is_none(),
             |t| tok.token_id(t),
             &tok.special_tokens(),
             Arc::new(move |id| one.token_text(id)),
@@ -247,6 +254,7 @@ impl Tools {
             engine: Some(Arc::new(EngineTools {
                 grammar: EngineGrammar::Qwen3Coder(Arc::new(grammar)),
                 declared,
+                delegated: reasoning.is_some_and(|r| r != ReasoningParser::Qwen3),
             })),
         })
     }
@@ -259,22 +267,32 @@ impl Tools {
     /// Whether vLLM keeps special tokens in the text for this request (the parsers'
     /// `adjust_request`).
     pub fn keeps_special_tokens(&self) -> bool {
-        self.choice == Choice::Auto
-            && matches!(
-                self.parser,
-                ToolCallParser::Hermes | ToolCallParser::KimiK2 | ToolCallParser::Qwen3Coder
-            )
+        let delegated = self.engine.as_ref().is_some_and(|e| e.delegated);
+        delegated
+            || self.choice == Choice::Auto
+                && matches!(
+                    self.parser,
+                    ToolCallParser::Hermes | ToolCallParser::KimiK2 | ToolCallParser::Qwen3Coder
+                )
     }
 
     /// Whether a whole answer without calls keeps its content as it was (the classic
     /// parsers), or as the parser read it (the engine drops call markup).
     pub fn reads_content(&self) -> bool {
-        self.engine.is_some()
+        self.engine.as_ref().is_some_and(|e| !e.delegated)
+    }
+
+    /// The engine parser that reads this request's answer: none where vLLM's serving
+    /// hands the text on as it is (`tool_choice: "none"` beside a classic reasoning
+    /// parser).
+    fn engine(&self) -> Option<&EngineTools> {
+        let e = self.engine.as_deref()?;
+        (!(e.delegated && self.choice == Choice::None)).then_some(e)
     }
 
     /// A whole answer: content and calls (no calls with `tool_choice: none`).
     pub fn extract(&self, text: &str) -> Extracted {
-        if let Some(e) = &self.engine {
+        if let Some(e) = self.engine() {
             let p = EngineParser::new(e, self.suppressed(e));
             let (content, calls) = p.whole(text, e);
             let calls = match self.choice {
@@ -295,7 +313,7 @@ impl Tools {
         blank_beside_calls(e)
     }
     pub fn stream(&self) -> ToolStream {
-        let engine = self.engine.as_ref().map(|e| {
+        let engine = self.engine().map(|e| {
             let suppress = self.suppressed(e);
             Box::new(EngineParser::new(e, suppress))
         });

@@ -198,8 +198,9 @@ fn kimi_k2_for(
     Tools::kimi_k2(choice, tok, &gen.body, reasoning).ok_or(Reason::Parser)
 }
 
-/// qwen3_coder runs on vLLM's grammar engine too: alone, or beside the `qwen3` reasoning
-/// parser (the same engine class), both composed the engine way.
+/// qwen3_coder runs on vLLM's grammar engine too: alone or beside the `qwen3` reasoning
+/// parser (the same engine class), composed the engine way, or beside `deepseek_r1`,
+/// composed the classic way.
 fn qwen3_coder_for(
     c: &Conditions<'_>,
     gen: &GenRequest,
@@ -207,8 +208,10 @@ fn qwen3_coder_for(
     choice: Choice,
 ) -> Result<Tools, Reason> {
     let reasoning = match c.reasoning {
-        None => false,
-        Some(ReasoningParserArg::Known(ReasoningParser::Qwen3)) => true,
+        None => None,
+        Some(ReasoningParserArg::Known(
+            p @ (ReasoningParser::Qwen3 | ReasoningParser::DeepseekR1),
+        )) => Some(*p),
         Some(_) => return Err(Reason::Parser),
     };
     Tools::qwen3_coder(choice, tok, &gen.body, reasoning).ok_or(Reason::Parser)

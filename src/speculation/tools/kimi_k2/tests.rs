@@ -105,6 +105,7 @@ fn setup(f: &Fixture, c: &Case) -> Setup {
         engine: Some(Arc::new(EngineTools {
             grammar: EngineGrammar::KimiK2(Arc::new(grammar)),
             declared,
+            delegated: false,
         })),
     };
     let reasoning = with_reasoning.then(|| {

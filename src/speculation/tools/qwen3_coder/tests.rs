@@ -71,9 +71,12 @@ fn normalize(pieces: Vec<Piece>) -> Vec<Piece> {
     out
 }
 
-/// An empty step (vLLM's `tool_calls = []` of `tool_choice: "none"`) sends nothing new.
+/// An empty step (vLLM's `tool_calls = []` of `tool_choice: "none"`) sends nothing new;
+/// deepseek_r1's empty reasoning delta of a last step still in reasoning is the output
+/// layer's to write (`output::delta`), not the parse's.
 fn step_view(d: Option<StepDelta>) -> Option<StepDelta> {
     let (r, c, p) = d?;
+    let r = r.filter(|r| !r.is_empty());
     let p = normalize(p);
     (r.is_some() || c.is_some() || !p.is_empty()).then_some((r, c, p))
 }
@@ -91,8 +94,12 @@ fn setup(f: &Fixture, c: &Case) -> Setup {
     let vocab = |t: &str| f.vocab.get(t).copied();
     let n1 = names.clone();
     let one: DecodeOne = Arc::new(move |id| n1.get(&id).cloned().unwrap_or_default());
-    let with_reasoning = c.reasoning.is_some();
-    let grammar = Grammar::new(!with_reasoning, vocab, &specials, one.clone());
+    let parser = c.reasoning.as_deref().map(|r| match r {
+        "qwen3" => ReasoningParser::Qwen3,
+        "deepseek_r1" => ReasoningParser::DeepseekR1,
+        r => panic!("reasoning parser {r}"),
+    });
+    let grammar = Grammar::new(parser.is_none(), vocab, &specials, one.clone());
     let declared = (c.choice != "no_tools").then(|| Declared::of(&f.tools).expect("tools"));
     let choice = if c.choice == "auto" {
         Choice::Auto
@@ -105,16 +112,20 @@ fn setup(f: &Fixture, c: &Case) -> Setup {
         engine: Some(Arc::new(EngineTools {
             grammar: EngineGrammar::Qwen3Coder(Arc::new(grammar)),
             declared,
+            delegated: parser == Some(ReasoningParser::DeepseekR1),
         })),
     };
-    let reasoning = with_reasoning.then(|| {
+    let reasoning = parser.map(|p| {
+        if p == ReasoningParser::DeepseekR1 {
+            return Reasoning::with_ids(p, f.vocab["<think>"], f.vocab["</think>"]);
+        }
         let n2 = names.clone();
         let texts = engine::Texts {
             one,
             all: Arc::new(move |ids| ids.iter().filter_map(|i| n2.get(i).cloned()).collect()),
         };
-        let g = engine::Grammar::new(ReasoningParser::Qwen3, on, vocab, &specials, texts);
-        Reasoning::with_grammar(ReasoningParser::Qwen3, g)
+        let g = engine::Grammar::new(p, on, vocab, &specials, texts);
+        Reasoning::with_grammar(p, g)
     });
     Setup { tools, reasoning }
 }
