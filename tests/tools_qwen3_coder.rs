@@ -1,6 +1,6 @@
 //! qwen3_coder tool calls through specd, against a real vLLM started with
 //! `--enable-auto-tool-choice --tool-call-parser qwen3_coder` (alone, then with
-//! `--reasoning-parser qwen3`) serving the `agent-tools-qwen3coder` model (it really
+//! `--reasoning-parser qwen3`, then with `--reasoning-parser deepseek_r1`) serving the `agent-tools-qwen3coder` model (it really
 //! reasons, writes `<tool_call><function=NAME><parameter=P>…` calls whose numbers the
 //! tools' schemas type, and answers quoting the tool results it is given): speculated
 //! chat answers must carry the same reasoning, content, tool calls (names, arguments,
@@ -21,12 +21,12 @@ async fn qwen3_coder_tool_calls_equal_direct_vllm() {
         "qwen3_coder",
         "--enable-auto-tool-choice",
     ];
-    for reasoning in [false, true] {
+    for reasoning in [None, Some("qwen3"), Some("deepseek_r1")] {
         let _stop = StopQwen3CoderTools(reasoning);
         let up = qwen3_coder_tools_upstream(reasoning);
         let mut args = tools.to_vec();
-        if reasoning {
-            args.extend(["--reasoning-parser", "qwen3"]);
+        if let Some(r) = reasoning {
+            args.extend(["--reasoning-parser", r]);
         }
         tool_chat::all_equal_direct(&up, &args).await;
     }

@@ -169,17 +169,18 @@ impl Drop for StopKimiTools {
 
 /// URL of a real vLLM serving the `agent-tools-qwen3coder` model
 /// (scripts/train_tools_qwen3coder.py) in float32 with `--enable-auto-tool-choice
-/// --tool-call-parser qwen3_coder` (and `--reasoning-parser qwen3` with `reasoning`):
-/// `SPECD_TEST_QWEN3_CODER_TOOLS_UPSTREAM` (or `…_REASONING_UPSTREAM`), else started by
-/// scripts/vllm-cpu-upstream.sh as its own named server (`qwen3_coder_tools_served`).
-pub fn qwen3_coder_tools_upstream(reasoning: bool) -> String {
+/// --tool-call-parser qwen3_coder` (and `--reasoning-parser REASONING` when given):
+/// `SPECD_TEST_QWEN3_CODER_TOOLS_UPSTREAM` (`…_QWEN3_UPSTREAM`, `…_DEEPSEEK_R1_UPSTREAM`
+/// with a reasoning parser), else started by scripts/vllm-cpu-upstream.sh as its own
+/// named server (`qwen3_coder_tools_served`).
+pub fn qwen3_coder_tools_upstream(reasoning: Option<&str>) -> String {
     if let Ok(u) = std::env::var(qwen3_coder_tools_var(reasoning)) {
         return u;
     }
     let mut extra =
         "--dtype float32 --enable-auto-tool-choice --tool-call-parser qwen3_coder".to_string();
-    if reasoning {
-        extra.push_str(" --reasoning-parser qwen3");
+    if let Some(r) = reasoning {
+        extra.push_str(&format!(" --reasoning-parser {r}"));
     }
     named_upstream(
         QWEN3_CODER_TOOLS_MODEL,
@@ -190,25 +191,25 @@ pub fn qwen3_coder_tools_upstream(reasoning: bool) -> String {
 
 pub const QWEN3_CODER_TOOLS_MODEL: &str = "agent-tools-qwen3coder";
 
-pub fn qwen3_coder_tools_served(reasoning: bool) -> String {
+pub fn qwen3_coder_tools_served(reasoning: Option<&str>) -> String {
     let mut s = "specd-agent-tools-qwen3coder-qwen3_coder".to_string();
-    if reasoning {
-        s.push_str("-qwen3");
+    if let Some(r) = reasoning {
+        s.push_str(&format!("-{r}"));
     }
     s
 }
 
-fn qwen3_coder_tools_var(reasoning: bool) -> &'static str {
-    if reasoning {
-        "SPECD_TEST_QWEN3_CODER_TOOLS_REASONING_UPSTREAM"
-    } else {
-        "SPECD_TEST_QWEN3_CODER_TOOLS_UPSTREAM"
+fn qwen3_coder_tools_var(reasoning: Option<&str>) -> String {
+    let mut v = "SPECD_TEST_QWEN3_CODER_TOOLS".to_string();
+    if let Some(r) = reasoning {
+        v.push_str(&format!("_{}", r.to_uppercase()));
     }
+    v + "_UPSTREAM"
 }
 
 /// Stops a qwen3_coder tools server when dropped (one test uses each), unless the
 /// environment gave it.
-pub struct StopQwen3CoderTools(pub bool);
+pub struct StopQwen3CoderTools(pub Option<&'static str>);
 
 impl Drop for StopQwen3CoderTools {
     fn drop(&mut self) {
