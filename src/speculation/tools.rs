@@ -15,6 +15,8 @@
 //!   no text sends nothing (the last one an empty delta).
 
 pub mod engine;
+#[cfg(test)]
+mod golden;
 pub mod hermes;
 pub mod kimi_k2;
 pub mod llama3_json;
