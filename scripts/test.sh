@@ -50,8 +50,7 @@ cleanup() {
     SPECD_VLLM_MODEL=agent-tools-kimi SPECD_VLLM_SERVED_NAME=$name \
       bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   done
-  for name in specd-agent-tools-qwen3coder-qwen3_coder specd-agent-tools-qwen3coder-qwen3_coder-qwen3 \
-    specd-agent-tools-qwen3coder-qwen3_coder-deepseek_r1; do
+  for name in specd-qwen3coder specd-qwen3coder-qwen3 specd-qwen3coder-deepseek_r1; do
     SPECD_VLLM_MODEL=agent-tools-qwen3coder SPECD_VLLM_SERVED_NAME=$name \
       bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   done

@@ -192,7 +192,8 @@ pub fn qwen3_coder_tools_upstream(reasoning: Option<&str>) -> String {
 pub const QWEN3_CODER_TOOLS_MODEL: &str = "agent-tools-qwen3coder";
 
 pub fn qwen3_coder_tools_served(reasoning: Option<&str>) -> String {
-    let mut s = "specd-agent-tools-qwen3coder-qwen3_coder".to_string();
+    // Short: vLLM's IPC socket paths under the server's folder must fit in 107 bytes.
+    let mut s = "specd-qwen3coder".to_string();
     if let Some(r) = reasoning {
         s.push_str(&format!("-{r}"));
     }
