@@ -50,6 +50,10 @@ cleanup() {
     SPECD_VLLM_MODEL=agent-tools-kimi SPECD_VLLM_SERVED_NAME=$name \
       bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   done
+  for name in specd-qwen3coder specd-qwen3coder-qwen3 specd-qwen3coder-deepseek_r1; do
+    SPECD_VLLM_MODEL=agent-tools-qwen3coder SPECD_VLLM_SERVED_NAME=$name \
+      bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  done
   # So do the tiktoken-format tests (tests/tiktoken.rs: target-tiktoken by hub id).
   SPECD_VLLM_MODEL=target-tiktoken bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }
@@ -68,6 +72,9 @@ SPECD_VLLM_MODEL=agent-tools bash scripts/vllm-cpu-upstream.sh install >&2
 
 step "kimi_k2 tool-calling model (scripts/train_tools_kimi.py; ~6 min the first time, then cached)"
 SPECD_VLLM_MODEL=agent-tools-kimi bash scripts/vllm-cpu-upstream.sh install >&2
+
+step "qwen3_coder tool-calling model (scripts/train_tools_qwen3coder.py; ~6 min the first time, then cached)"
+SPECD_VLLM_MODEL=agent-tools-qwen3coder bash scripts/vllm-cpu-upstream.sh install >&2
 
 step "Rust tests (unit + integration against the real vLLM)"
 # The draft-model test compares with transformers from the vLLM venv: never skip it here.

@@ -107,13 +107,16 @@ pub enum ToolCallParser {
     Llama3Json,
     /// vLLM's grammar engine with the kimi_k2 config (model-made call ids).
     KimiK2,
+    /// vLLM's grammar engine with the qwen3 config (XML parameters, random ids).
+    Qwen3Coder,
 }
 
 impl ToolCallParser {
-    pub const ALL: [ToolCallParser; 3] = [
+    pub const ALL: [ToolCallParser; 4] = [
         ToolCallParser::Hermes,
         ToolCallParser::Llama3Json,
         ToolCallParser::KimiK2,
+        ToolCallParser::Qwen3Coder,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -121,6 +124,7 @@ impl ToolCallParser {
             ToolCallParser::Hermes => "hermes",
             ToolCallParser::Llama3Json => "llama3_json",
             ToolCallParser::KimiK2 => "kimi_k2",
+            ToolCallParser::Qwen3Coder => "qwen3_coder",
         }
     }
 
@@ -322,9 +326,9 @@ pub struct ServeArgs {
     /// The upstream's `--tool-call-parser` (vLLM does not report it). With
     /// `--enable-auto-tool-choice`, chat answers are parsed for tool calls as that parser
     /// reads them, and requests with `tools` and `tool_choice` `auto` or `none` are
-    /// speculated. specd implements `hermes` and `llama3_json` (whose streamed chat with
-    /// `tool_choice` `auto` passes through); with any other name, chat completions pass
-    /// through.
+    /// speculated. specd implements `hermes`, `llama3_json` (whose streamed chat with
+    /// `tool_choice` `auto` passes through), `kimi_k2` and `qwen3_coder`; with any other
+    /// name, chat completions pass through.
     #[arg(long, env = "SPECD_TOOL_CALL_PARSER", value_parser = tool_call_parser)]
     pub tool_call_parser: Option<ToolCallParserArg>,
 
@@ -538,9 +542,9 @@ mod tests {
             ))
         );
         assert_eq!(
-            p(&["--tool-call-parser", "qwen3_coder"]),
+            p(&["--tool-call-parser", "pythonic"]),
             Ok((
-                Some(ToolCallParserArg::Unimplemented("qwen3_coder".into())),
+                Some(ToolCallParserArg::Unimplemented("pythonic".into())),
                 false
             ))
         );

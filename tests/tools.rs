@@ -100,7 +100,7 @@ async fn constrained_tool_choices_and_other_parsers_pass_through() {
     // A parser specd does not implement shapes every chat answer: all chat passes.
     let other = [
         "--tool-call-parser",
-        "qwen3_coder",
+        "pythonic",
         "--enable-auto-tool-choice",
     ];
     let specd = Specd::start_ready(&up, &other).await;

@@ -252,10 +252,11 @@ impl StreamSplit {
     }
 
     /// What the tool phase is fed of the tokens of the step that ended reasoning (the
-    /// kimi_k2 reasoning parser's `extract_content_ids` of that step's one token).
+    /// reasoning parser's `extract_content_ids` of that step's one token: deepseek_r1's
+    /// keeps only tokens after its end token, none of a one-token step).
     pub fn content_ids(&self, id: u32) -> Vec<u32> {
         match &self.inner {
-            Inner::R1 { .. } => vec![id],
+            Inner::R1 { .. } => Vec::new(),
             Inner::Engine(s) => s.content_ids(id),
         }
     }

@@ -14,10 +14,14 @@
 //! - `tool_choice: "none"`, or no tools: the text is content; a streamed step that adds
 //!   no text sends nothing (the last one an empty delta).
 
+pub mod engine;
+#[cfg(test)]
+mod golden;
 pub mod hermes;
 pub mod kimi_k2;
 pub mod llama3_json;
 pub mod pyjson;
+pub mod qwen3_coder;
 pub mod schema;
 
 use std::sync::Arc;
@@ -117,16 +121,68 @@ pub enum Choice {
 pub struct Tools {
     pub parser: ToolCallParser,
     pub choice: Choice,
-    /// A grammar-engine parser (kimi_k2): its grammar and the request's tools.
+    /// A grammar-engine parser (kimi_k2, qwen3_coder): its grammar and the request's
+    /// tools.
     pub engine: Option<Arc<EngineTools>>,
 }
 
 /// What a grammar-engine tool parser needs of the model and the request.
 #[derive(Debug)]
 pub struct EngineTools {
-    pub grammar: Arc<kimi_k2::Grammar>,
+    pub grammar: EngineGrammar,
     /// The request's tools; `None` when it has none.
     pub declared: Option<schema::Declared>,
+    /// Composed beside a reasoning parser that is not of the engine (qwen3_coder with
+    /// `deepseek_r1`): vLLM's serving then treats `tool_choice: "none"`, and answers
+    /// without calls, as it does with the classic parsers (the text as it is), and
+    /// keeps special tokens for every chat request.
+    pub delegated: bool,
+}
+
+/// A grammar-engine config bound to the model.
+#[derive(Debug, Clone)]
+pub enum EngineGrammar {
+    KimiK2(Arc<kimi_k2::Grammar>),
+    Qwen3Coder(Arc<qwen3_coder::Grammar>),
+}
+
+/// A grammar-engine parser over one answer.
+#[derive(Debug, Clone)]
+pub enum EngineParser {
+    KimiK2(kimi_k2::Parser),
+    Qwen3Coder(qwen3_coder::Parser),
+}
+
+impl EngineParser {
+    fn new(e: &EngineTools, suppress: bool) -> Self {
+        match &e.grammar {
+            EngineGrammar::KimiK2(g) => EngineParser::KimiK2(kimi_k2::Parser::new(g, suppress)),
+            EngineGrammar::Qwen3Coder(g) => {
+                EngineParser::Qwen3Coder(qwen3_coder::Parser::new(g, e.declared.as_ref(), suppress))
+            }
+        }
+    }
+
+    fn step(&mut self, text: &str, ids: &[u32]) -> Option<StreamDelta> {
+        match self {
+            EngineParser::KimiK2(p) => p.step(text, ids),
+            EngineParser::Qwen3Coder(p) => p.step(text, ids),
+        }
+    }
+
+    fn finish(&mut self) -> Option<StreamDelta> {
+        match self {
+            EngineParser::KimiK2(p) => p.finish(),
+            EngineParser::Qwen3Coder(p) => p.finish(),
+        }
+    }
+
+    fn whole(self, text: &str, e: &EngineTools) -> (Option<String>, Vec<Call>) {
+        match self {
+            EngineParser::KimiK2(p) => p.whole(text, e.declared.as_ref()),
+            EngineParser::Qwen3Coder(p) => p.whole(text),
+        }
+    }
 }
 
 impl Tools {
@@ -166,8 +222,41 @@ impl Tools {
             parser: ToolCallParser::KimiK2,
             choice,
             engine: Some(Arc::new(EngineTools {
-                grammar: Arc::new(grammar),
+                grammar: EngineGrammar::KimiK2(Arc::new(grammar)),
                 declared,
+                delegated: false,
+            })),
+        })
+    }
+
+    /// `qwen3_coder` for a request of `body` to a model of `tok`; `reasoning`: the
+    /// reasoning parser that runs too (`qwen3`, of the same engine, or `deepseek_r1`).
+    /// `None` where specd does not reproduce the parse (tools of a shape it does not
+    /// read).
+    pub fn qwen3_coder(
+        choice: Choice,
+        tok: &Arc<ModelTokenizer>,
+        body: &serde_json::Map<String, Value>,
+        reasoning: Option<ReasoningParser>,
+    ) -> Option<Self> {
+        let declared = match body.get("tools").filter(|t| !t.is_null()) {
+            None => None,
+            Some(t) => Some(schema::Declared::of(t)?),
+        };
+        let one = tok.clone();
+        let grammar = qwen3_coder::Grammar::new(
+            reasoning.is_none(),
+            |t| tok.token_id(t),
+            &tok.special_tokens(),
+            Arc::new(move |id| one.token_text(id)),
+        );
+        Some(Tools {
+            parser: ToolCallParser::Qwen3Coder,
+            choice,
+            engine: Some(Arc::new(EngineTools {
+                grammar: EngineGrammar::Qwen3Coder(Arc::new(grammar)),
+                declared,
+                delegated: reasoning.is_some_and(|r| r != ReasoningParser::Qwen3),
             })),
         })
     }
@@ -180,21 +269,34 @@ impl Tools {
     /// Whether vLLM keeps special tokens in the text for this request (the parsers'
     /// `adjust_request`).
     pub fn keeps_special_tokens(&self) -> bool {
-        self.choice == Choice::Auto
-            && matches!(self.parser, ToolCallParser::Hermes | ToolCallParser::KimiK2)
+        let delegated = self.engine.as_ref().is_some_and(|e| e.delegated);
+        delegated
+            || self.choice == Choice::Auto
+                && matches!(
+                    self.parser,
+                    ToolCallParser::Hermes | ToolCallParser::KimiK2 | ToolCallParser::Qwen3Coder
+                )
     }
 
     /// Whether a whole answer without calls keeps its content as it was (the classic
     /// parsers), or as the parser read it (the engine drops call markup).
     pub fn reads_content(&self) -> bool {
-        self.engine.is_some()
+        self.engine.as_ref().is_some_and(|e| !e.delegated)
+    }
+
+    /// The engine parser that reads this request's answer: none where vLLM's serving
+    /// hands the text on as it is (`tool_choice: "none"` beside a classic reasoning
+    /// parser).
+    fn engine(&self) -> Option<&EngineTools> {
+        let e = self.engine.as_deref()?;
+        (!(e.delegated && self.choice == Choice::None)).then_some(e)
     }
 
     /// A whole answer: content and calls (no calls with `tool_choice: none`).
     pub fn extract(&self, text: &str) -> Extracted {
-        if let Some(e) = &self.engine {
-            let p = kimi_k2::Parser::new(&e.grammar, self.suppressed(e));
-            let (content, calls) = p.whole(text, e.declared.as_ref());
+        if let Some(e) = self.engine() {
+            let p = EngineParser::new(e, self.suppressed(e));
+            let (content, calls) = p.whole(text, e);
             let calls = match self.choice {
                 Choice::None => Vec::new(),
                 Choice::Auto => calls,
@@ -207,15 +309,15 @@ impl Tools {
         let e = match self.parser {
             ToolCallParser::Hermes => hermes::extract(text),
             ToolCallParser::Llama3Json => llama3_json::extract(text),
-            // Not reached: kimi_k2 always has its engine.
-            ToolCallParser::KimiK2 => Extracted::text(text),
+            // Not reached: the engine parsers always have their engine.
+            ToolCallParser::KimiK2 | ToolCallParser::Qwen3Coder => Extracted::text(text),
         };
         blank_beside_calls(e)
     }
     pub fn stream(&self) -> ToolStream {
-        let engine = self.engine.as_ref().map(|e| {
+        let engine = self.engine().map(|e| {
             let suppress = self.suppressed(e);
-            Box::new(kimi_k2::Parser::new(&e.grammar, suppress))
+            Box::new(EngineParser::new(e, suppress))
         });
         ToolStream {
             tools: self.clone(),
@@ -244,7 +346,7 @@ pub struct ToolStream {
     text: String,
     hermes: hermes::Stream,
     /// A grammar-engine parser's state.
-    engine: Option<Box<kimi_k2::Parser>>,
+    engine: Option<Box<EngineParser>>,
     /// Some step sent a call (vLLM's `tools_streamed`).
     called: bool,
 }
@@ -281,10 +383,12 @@ impl ToolStream {
             ToolCallParser::Hermes => self.hermes.step(&self.text)?,
             // Not reached: such a stream passes through (policy), and kimi_k2 has its
             // engine. Plain text if it were.
-            ToolCallParser::Llama3Json | ToolCallParser::KimiK2 => StreamDelta {
-                content: (!released.is_empty()).then(|| released.to_string()),
-                calls: Vec::new(),
-            },
+            ToolCallParser::Llama3Json | ToolCallParser::KimiK2 | ToolCallParser::Qwen3Coder => {
+                StreamDelta {
+                    content: (!released.is_empty()).then(|| released.to_string()),
+                    calls: Vec::new(),
+                }
+            }
         };
         if last {
             // vLLM's `finalize_generation`: arguments parsed but not streamed.

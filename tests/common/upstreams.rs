@@ -167,6 +167,67 @@ impl Drop for StopKimiTools {
     }
 }
 
+/// URL of a real vLLM serving the `agent-tools-qwen3coder` model
+/// (scripts/train_tools_qwen3coder.py) in float32 with `--enable-auto-tool-choice
+/// --tool-call-parser qwen3_coder` (and `--reasoning-parser REASONING` when given):
+/// `SPECD_TEST_QWEN3_CODER_TOOLS_UPSTREAM` (`…_QWEN3_UPSTREAM`, `…_DEEPSEEK_R1_UPSTREAM`
+/// with a reasoning parser), else started by scripts/vllm-cpu-upstream.sh as its own
+/// named server (`qwen3_coder_tools_served`).
+pub fn qwen3_coder_tools_upstream(reasoning: Option<&str>) -> String {
+    if let Ok(u) = std::env::var(qwen3_coder_tools_var(reasoning)) {
+        return u;
+    }
+    let mut extra =
+        "--dtype float32 --enable-auto-tool-choice --tool-call-parser qwen3_coder".to_string();
+    if let Some(r) = reasoning {
+        extra.push_str(&format!(" --reasoning-parser {r}"));
+    }
+    named_upstream(
+        QWEN3_CODER_TOOLS_MODEL,
+        &qwen3_coder_tools_served(reasoning),
+        &extra,
+    )
+}
+
+pub const QWEN3_CODER_TOOLS_MODEL: &str = "agent-tools-qwen3coder";
+
+pub fn qwen3_coder_tools_served(reasoning: Option<&str>) -> String {
+    // Short: vLLM's IPC socket paths under the server's folder must fit in 107 bytes.
+    let mut s = "specd-qwen3coder".to_string();
+    if let Some(r) = reasoning {
+        s.push_str(&format!("-{r}"));
+    }
+    s
+}
+
+fn qwen3_coder_tools_var(reasoning: Option<&str>) -> String {
+    let mut v = "SPECD_TEST_QWEN3_CODER_TOOLS".to_string();
+    if let Some(r) = reasoning {
+        v.push_str(&format!("_{}", r.to_uppercase()));
+    }
+    v + "_UPSTREAM"
+}
+
+/// Stops a qwen3_coder tools server when dropped (one test uses each), unless the
+/// environment gave it.
+pub struct StopQwen3CoderTools(pub Option<&'static str>);
+
+impl Drop for StopQwen3CoderTools {
+    fn drop(&mut self) {
+        if std::env::var(qwen3_coder_tools_var(self.0)).is_ok() {
+            return;
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let _ = Command::new("bash")
+            .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
+            .arg("stop")
+            .env("SPECD_VLLM_MODEL", QWEN3_CODER_TOOLS_MODEL)
+            .env("SPECD_VLLM_SERVED_NAME", qwen3_coder_tools_served(self.0))
+            .stderr(Stdio::inherit())
+            .output();
+    }
+}
+
 /// Stop the `agent` server of a reasoning parser that only one test uses, so that its
 /// memory is free for the servers of the tests still running (a 24 GiB machine ran out
 /// with eight vLLM servers of the test models and SGLang up at once). Not the shared

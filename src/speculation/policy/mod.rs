@@ -172,6 +172,9 @@ fn tools_for(
         (Some(ToolCallParserArg::Known(ToolCallParser::KimiK2)), choice) => {
             kimi_k2_for(c, gen, tok, choice.unwrap_or(Choice::None)).map(Some)
         }
+        (Some(ToolCallParserArg::Known(ToolCallParser::Qwen3Coder)), choice) => {
+            qwen3_coder_for(c, gen, tok, choice.unwrap_or(Choice::None)).map(Some)
+        }
         (Some(ToolCallParserArg::Known(parser)), choice) => {
             Ok(Some(Tools::new(*parser, choice.unwrap_or(Choice::None))))
         }
@@ -193,6 +196,25 @@ fn kimi_k2_for(
         Some(_) => return Err(Reason::Parser),
     };
     Tools::kimi_k2(choice, tok, &gen.body, reasoning).ok_or(Reason::Parser)
+}
+
+/// qwen3_coder runs on vLLM's grammar engine too: alone or beside the `qwen3` reasoning
+/// parser (the same engine class), composed the engine way, or beside `deepseek_r1`,
+/// composed the classic way.
+fn qwen3_coder_for(
+    c: &Conditions<'_>,
+    gen: &GenRequest,
+    tok: &Arc<ModelTokenizer>,
+    choice: Choice,
+) -> Result<Tools, Reason> {
+    let reasoning = match c.reasoning {
+        None => None,
+        Some(ReasoningParserArg::Known(
+            p @ (ReasoningParser::Qwen3 | ReasoningParser::DeepseekR1),
+        )) => Some(*p),
+        Some(_) => return Err(Reason::Parser),
+    };
+    Tools::qwen3_coder(choice, tok, &gen.body, reasoning).ok_or(Reason::Parser)
 }
 
 /// The split specd reproduces for this chat request; `None`: it must pass through (a

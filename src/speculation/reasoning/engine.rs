@@ -452,8 +452,9 @@ impl Stream {
         self.ended
     }
 
-    /// kimi_k2's `extract_content_ids` of one token: nothing of a `</think>` (or any
-    /// other token), a tool-section opener itself; every token with thinking off.
+    /// `extract_content_ids` of one token: nothing of a `</think>`; kimi_k2's keeps a
+    /// tool-section opener only, qwen3's (the base `ParserEngine`'s) any other token;
+    /// every token with thinking off.
     pub fn content_ids(&self, id: u32) -> Vec<u32> {
         let g = &self.engine.g;
         if !g.thinking {
@@ -461,7 +462,9 @@ impl Stream {
         }
         match g.ids.get(&id) {
             Some(Term::ImplicitEnd) => vec![id],
-            _ => Vec::new(),
+            Some(Term::End) => Vec::new(),
+            _ if g.strip_ws => Vec::new(),
+            _ => vec![id],
         }
     }
 

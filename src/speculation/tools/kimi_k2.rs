@@ -16,13 +16,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::engine::{name_and_args, name_in_args, piece, strip, Calls, Content, Emit};
+use super::engine::{Engine, Ev, Format, St};
 use super::schema::Declared;
 use super::{Call, CallDelta, StreamDelta};
 use crate::speculation::reasoning::engine::DecodeOne;
 use crate::speculation::reasoning::lexer::{Literal, Terminal};
-use engine::{Engine, Ev};
-
-mod engine;
 
 /// The config's terminals (`THINK_START` … `ARG_START`), and a dropped special token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,6 +120,41 @@ impl Grammar {
     }
 }
 
+impl Format for Grammar {
+    type T = KTerm;
+    fn lits(&self) -> &[Literal<KTerm>] {
+        &self.lits
+    }
+    fn ids(&self) -> &HashMap<u32, KTerm> {
+        &self.ids
+    }
+    /// The config's transitions from the states the tool adapter reaches.
+    fn transition(&self, st: St, term: KTerm) -> Option<(St, &'static [Emit])> {
+        use KTerm::*;
+        const START: &[Emit] = &[Emit::Start];
+        const END: &[Emit] = &[Emit::End];
+        Some(match (st, term) {
+            (St::Content, ThinkEnd) if self.thinking => (St::Content, &[]),
+            (St::Content, SectionStart) => (St::Preamble, &[]),
+            (St::Preamble, CallStart) | (St::Between, CallStart) => (St::Name, START),
+            (St::Name, ArgStart) => (St::Args, &[]),
+            (St::Args, CallEnd) => (St::Between, END),
+            (St::Args, SectionEnd) => (St::Preamble, END),
+            (St::Preamble, SectionEnd) | (St::Between, SectionEnd) => (St::Preamble, &[]),
+            _ => return None,
+        })
+    }
+    fn markup_as_text(&self, term: KTerm) -> bool {
+        self.skip_reasoning && matches!(term, KTerm::ThinkStart | KTerm::ThinkEnd)
+    }
+    fn json_args(&self) -> bool {
+        true
+    }
+    fn token_text(&self, id: u32) -> String {
+        (self.one)(id)
+    }
+}
+
 /// One call's state in the parser (`ToolCallSlot`).
 #[derive(Debug, Clone, Default)]
 struct Slot {
@@ -133,10 +167,9 @@ struct Slot {
 /// `ParserEngine` with `KimiK2Parser`'s overrides, over one answer.
 #[derive(Debug, Clone)]
 pub struct Parser {
-    engine: Engine,
-    slots: Vec<Slot>,
-    deferred: String,
-    has_nonws: bool,
+    engine: Engine<Grammar>,
+    slots: Slots,
+    content: Content,
     /// `tool_choice: "none"` with tools: tool events are ignored.
     suppress: bool,
 }
@@ -148,25 +181,22 @@ impl Parser {
     pub fn new(g: &Arc<Grammar>, suppress: bool) -> Self {
         Parser {
             engine: Engine::new(g.clone()),
-            slots: Vec::new(),
-            deferred: String::new(),
-            has_nonws: false,
+            slots: Slots::default(),
+            content: Content::default(),
             suppress,
         }
     }
 
     /// `extract_tool_calls_streaming`: one step's text and tokens.
     pub fn step(&mut self, text: &str, ids: &[u32]) -> Delta {
-        let one = self.engine.g.one.clone();
-        let step: Vec<(u32, String)> = ids.iter().map(|&i| (i, one(i))).collect();
-        let events = self.engine.feed(text, &step);
+        let events = self.engine.feed(text, ids);
         self.delta(events, false)
     }
 
     /// `finish_streaming`: what the engine still holds.
     pub fn finish(&mut self) -> Delta {
         let events = self.engine.finish();
-        if events.is_empty() && self.deferred.is_empty() {
+        if events.is_empty() && !self.content.waiting() {
             return None;
         }
         self.delta(events, true)
@@ -178,16 +208,46 @@ impl Parser {
         let mut events = self.engine.feed(text, &[]);
         events.extend(self.engine.finish());
         let content = self.delta(events, true).and_then(|d| d.content);
-        let calls = self.calls(declared);
+        let calls = self.slots.calls(declared);
         // `_strip_content_whitespace` (kimi_k2 keeps surrounding whitespace).
         let content = content.filter(|c| calls.is_empty() || !strip(c).is_empty());
         (content.filter(|c| !c.is_empty()), calls)
     }
 
+    fn delta(&mut self, events: Vec<Ev>, finished: bool) -> Delta {
+        self.content
+            .delta(events, finished, self.suppress, &mut self.slots)
+    }
+}
+
+/// The calls' states (`_tool_slots`) and kimi_k2's handling of tool events.
+#[derive(Debug, Clone, Default)]
+struct Slots(Vec<Slot>);
+
+impl Calls for Slots {
+    fn on(&mut self, ev: Ev, calls: &mut Vec<CallDelta>) {
+        match ev {
+            Ev::Start(i) => self.slot(i),
+            Ev::Name(i, v) => {
+                self.slot(i);
+                self.0[i].name.push_str(&v);
+            }
+            Ev::Arg(i, v) => self.arg_chunk(i, &v, calls),
+            Ev::End(i) => self.end(i, calls),
+            Ev::Text(_) => {}
+        }
+    }
+
+    fn any(&self) -> bool {
+        !self.0.is_empty()
+    }
+}
+
+impl Slots {
     /// `_build_extracted_result`.
-    fn calls(&mut self, declared: Option<&Declared>) -> Vec<Call> {
+    fn calls(&self, declared: Option<&Declared>) -> Vec<Call> {
         let mut out = Vec::new();
-        for slot in &self.slots {
+        for slot in &self.0 {
             if slot.name.is_empty() && slot.args.is_empty() {
                 continue;
             }
@@ -218,62 +278,9 @@ impl Parser {
         out
     }
 
-    /// `_events_to_delta`.
-    fn delta(&mut self, events: Vec<Ev>, finished: bool) -> Delta {
-        if events.is_empty() && self.deferred.is_empty() {
-            return None;
-        }
-        let mut calls: Vec<CallDelta> = Vec::new();
-        let mut content = String::new();
-        let carried = self.deferred.clone();
-        let mut seen_tool = false;
-        for ev in events {
-            if let Ev::Text(t) = ev {
-                if seen_tool {
-                    self.deferred.push_str(&t);
-                } else {
-                    content.push_str(&t);
-                }
-                continue;
-            }
-            if self.suppress {
-                continue;
-            }
-            seen_tool = true;
-            match ev {
-                Ev::Start(i) => self.slot(i),
-                Ev::Name(i, v) => {
-                    self.slot(i);
-                    self.slots[i].name.push_str(&v);
-                }
-                Ev::Arg(i, v) => self.arg_chunk(i, &v, &mut calls),
-                Ev::End(i) => self.end(i, &mut calls),
-                Ev::Text(_) => {}
-            }
-        }
-        let calls = coalesce(calls);
-        if !self.deferred.is_empty() && (!seen_tool || calls.is_empty()) {
-            let now = self.deferred[carried.len()..].to_string();
-            content = carried + &content + &now;
-            self.deferred.clear();
-        }
-        if !self.has_nonws && !content.is_empty() {
-            if !strip(&content).is_empty() {
-                self.has_nonws = true;
-            } else if !self.slots.is_empty() {
-                // `drop_whitespace_only_content_before_tools`.
-                content.clear();
-            } else if !finished {
-                self.deferred = std::mem::take(&mut content);
-            }
-        }
-        let content = (!content.is_empty()).then_some(content);
-        (content.is_some() || !calls.is_empty()).then_some(StreamDelta { content, calls })
-    }
-
     fn slot(&mut self, i: usize) {
-        while self.slots.len() <= i {
-            self.slots.push(Slot::default());
+        while self.0.len() <= i {
+            self.0.push(Slot::default());
         }
     }
 
@@ -281,16 +288,16 @@ impl Parser {
     /// (read from the header), then itself.
     fn arg_chunk(&mut self, i: usize, value: &str, calls: &mut Vec<CallDelta>) {
         self.slot(i);
-        let sent_before = self.slots[i].name_sent;
-        self.slots[i].args.push_str(value);
+        let sent_before = self.0[i].name_sent;
+        self.0[i].args.push_str(value);
         if !sent_before {
-            let header = if self.slots[i].name.is_empty() {
-                name_in_args(&self.slots[i].args).map(str::to_string)
+            let header = if self.0[i].name.is_empty() {
+                name_in_args(&self.0[i].args).map(str::to_string)
             } else {
-                Some(self.slots[i].name.clone())
+                Some(self.0[i].name.clone())
             };
             self.send_name(i, header.as_deref(), calls);
-            if !value.is_empty() && self.slots[i].name_sent {
+            if !value.is_empty() && self.0[i].name_sent {
                 calls.push(piece(i, None, None, Some(value)));
             }
         } else if !value.is_empty() {
@@ -301,14 +308,14 @@ impl Parser {
     /// kimi_k2's `_emit_name_delta`: the header gives the id and the name.
     fn send_name(&mut self, i: usize, header: Option<&str>, calls: &mut Vec<CallDelta>) {
         let Some((id, name)) = header.and_then(id_and_name) else {
-            self.slots[i].name.clear();
+            self.0[i].name.clear();
             return;
         };
         if name.is_empty() {
-            self.slots[i].name.clear();
+            self.0[i].name.clear();
             return;
         }
-        let s = &mut self.slots[i];
+        let s = &mut self.0[i];
         s.id = Some(id);
         s.name = name.clone();
         s.name_sent = true;
@@ -318,10 +325,10 @@ impl Parser {
     /// `_handle_tool_end` with kimi_k2's override: a call whose name was never sent
     /// sends it now, with empty arguments.
     fn end(&mut self, i: usize, calls: &mut Vec<CallDelta>) {
-        if i >= self.slots.len() {
+        if i >= self.0.len() {
             return;
         }
-        let s = &mut self.slots[i];
+        let s = &mut self.0[i];
         if s.name_sent {
             return;
         }
@@ -341,37 +348,6 @@ impl Parser {
         s.name_sent = true;
         calls.push(piece(i, s.id.clone(), Some(name), Some("")));
     }
-}
-
-fn piece(i: usize, id: Option<String>, name: Option<String>, args: Option<&str>) -> CallDelta {
-    CallDelta {
-        index: i as u32,
-        id,
-        name,
-        arguments: args.map(str::to_string),
-    }
-}
-
-/// `_coalesce_tool_call_deltas`: one piece per call index, in first-seen order.
-fn coalesce(deltas: Vec<CallDelta>) -> Vec<CallDelta> {
-    let mut out: Vec<CallDelta> = Vec::new();
-    for d in deltas {
-        match out.iter_mut().find(|e| e.index == d.index) {
-            None => out.push(d),
-            Some(e) => {
-                if e.id.is_none() {
-                    e.id = d.id;
-                }
-                if e.name.is_none() {
-                    e.name = d.name;
-                }
-                if let Some(a) = d.arguments {
-                    e.arguments.get_or_insert_with(String::new).push_str(&a);
-                }
-            }
-        }
-    }
-    out
 }
 
 /// `_extract_tool_id_and_name`: `re.match(r"(?P<id>.+:\d+)", header.strip())`, the
@@ -396,57 +372,6 @@ fn id_and_name(header: &str) -> Option<(String, String)> {
         .unwrap_or(first)
         .to_string();
     Some((id, name))
-}
-
-/// `_try_extract_name`: the first `"name"\s*:\s*"([^"]*)"`, when not empty.
-fn name_in_args(args: &str) -> Option<&str> {
-    let mut from = 0;
-    while let Some(at) = args[from..].find("\"name\"") {
-        let mut rest = args[from + at + 6..].trim_start_matches(is_space);
-        if let Some(r) = rest.strip_prefix(':') {
-            rest = r.trim_start_matches(is_space);
-            if let Some(body) = rest.strip_prefix('"') {
-                if let Some(n) = body.find('"') {
-                    return (n > 0).then(|| &body[..n]);
-                }
-            }
-        }
-        from += at + 1;
-    }
-    None
-}
-
-/// `_extract_name_and_args` of a body with no header name.
-fn name_and_args(raw: &str) -> (String, String) {
-    use super::pyjson::{self, PyValue};
-    let Some(PyValue::Dict(kv)) = pyjson::loads(raw) else {
-        return (String::new(), raw.to_string());
-    };
-    let name = match kv.iter().find(|(k, _)| k == "name") {
-        Some((_, PyValue::Str(s))) => s.clone(),
-        _ => String::new(),
-    };
-    for key in ["arguments", "parameters"] {
-        if let Some((_, v)) = kv.iter().find(|(k, _)| k == key) {
-            let args = match v {
-                PyValue::Str(s) => s.clone(),
-                v => pyjson::dumps(v),
-            };
-            return (name, args);
-        }
-    }
-    let rest: Vec<(String, PyValue)> = kv.into_iter().filter(|(k, _)| k != "name").collect();
-    (name, pyjson::dumps(&PyValue::Dict(rest)))
-}
-
-/// Python's `str.isspace`.
-fn is_space(c: char) -> bool {
-    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
-}
-
-/// Python's `str.strip()`.
-fn strip(s: &str) -> &str {
-    s.trim_matches(is_space)
 }
 
 /// The kimi_k2 reasoning parser's `extract_content_ids` of the step that ends

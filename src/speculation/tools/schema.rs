@@ -39,6 +39,23 @@ impl Declared {
         props.as_ref().filter(|p| !p.is_empty())
     }
 
+    /// `_streamable_string_keys` of the tool's properties: the keys that can only be
+    /// strings, whose unfinished values may stream (`None`: the tool has no properties).
+    pub fn string_keys(&self, name: &str) -> Option<Vec<String>> {
+        let props = self.properties(name)?;
+        let only_string = |v: &Value| match v {
+            Value::Object(m) => types_of(m).iter().all(|t| t == "string"),
+            _ => true,
+        };
+        Some(
+            props
+                .iter()
+                .filter(|(_, v)| only_string(v))
+                .map(|(k, _)| k.clone())
+                .collect(),
+        )
+    }
+
     /// `_fix_arg_types`: `args` as the tool's schema types them.
     pub fn fix(&self, args: &str, name: &str) -> String {
         if name.is_empty() {
