@@ -103,7 +103,6 @@ fn reasoning_parser(s: &str) -> Result<ReasoningParserArg, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolCallParser {
     Hermes,
-    /// Whole answers only: a streamed chat that may call tools passes through.
     Llama3Json,
     /// vLLM's grammar engine with the kimi_k2 config (model-made call ids).
     KimiK2,
@@ -122,11 +121,6 @@ impl ToolCallParser {
             ToolCallParser::Llama3Json => "llama3_json",
             ToolCallParser::KimiK2 => "kimi_k2",
         }
-    }
-
-    /// specd reproduces this parser's streamed calls too.
-    pub fn streams(self) -> bool {
-        self != ToolCallParser::Llama3Json
     }
 }
 
@@ -322,9 +316,8 @@ pub struct ServeArgs {
     /// The upstream's `--tool-call-parser` (vLLM does not report it). With
     /// `--enable-auto-tool-choice`, chat answers are parsed for tool calls as that parser
     /// reads them, and requests with `tools` and `tool_choice` `auto` or `none` are
-    /// speculated. specd implements `hermes` and `llama3_json` (whose streamed chat with
-    /// `tool_choice` `auto` passes through); with any other name, chat completions pass
-    /// through.
+    /// speculated. specd implements `hermes`, `llama3_json` and `kimi_k2`; with any other
+    /// name, chat completions pass through.
     #[arg(long, env = "SPECD_TOOL_CALL_PARSER", value_parser = tool_call_parser)]
     pub tool_call_parser: Option<ToolCallParserArg>,
 

@@ -17,6 +17,7 @@
 pub mod hermes;
 pub mod kimi_k2;
 pub mod llama3_json;
+pub mod partial_json;
 pub mod pyjson;
 pub mod schema;
 
@@ -221,6 +222,7 @@ impl Tools {
             tools: self.clone(),
             text: String::new(),
             hermes: hermes::Stream::default(),
+            llama3: llama3_json::stream::Stream::default(),
             engine,
             called: false,
         }
@@ -243,6 +245,7 @@ pub struct ToolStream {
     /// The whole text so far (vLLM's `current_text`).
     text: String,
     hermes: hermes::Stream,
+    llama3: llama3_json::stream::Stream,
     /// A grammar-engine parser's state.
     engine: Option<Box<kimi_k2::Parser>>,
     /// Some step sent a call (vLLM's `tools_streamed`).
@@ -279,9 +282,9 @@ impl ToolStream {
         self.text.push_str(released);
         let mut d = match self.tools.parser {
             ToolCallParser::Hermes => self.hermes.step(&self.text)?,
-            // Not reached: such a stream passes through (policy), and kimi_k2 has its
-            // engine. Plain text if it were.
-            ToolCallParser::Llama3Json | ToolCallParser::KimiK2 => StreamDelta {
+            ToolCallParser::Llama3Json => self.llama3.step(&self.text, released)?,
+            // Not reached: kimi_k2 always has its engine. Plain text if it were.
+            ToolCallParser::KimiK2 => StreamDelta {
                 content: (!released.is_empty()).then(|| released.to_string()),
                 calls: Vec::new(),
             },
@@ -289,8 +292,11 @@ impl ToolStream {
         if last {
             // vLLM's `finalize_generation`: arguments parsed but not streamed.
             if let Some(c) = d.calls.last_mut() {
-                let rest = self.hermes.remaining_args();
-                c.arguments.get_or_insert_with(String::new).push_str(rest);
+                let rest = match self.tools.parser {
+                    ToolCallParser::Llama3Json => self.llama3.remaining_args(),
+                    _ => self.hermes.remaining_args().to_string(),
+                };
+                c.arguments.get_or_insert_with(String::new).push_str(&rest);
             }
         }
         self.called |= !d.calls.is_empty();
