@@ -11,6 +11,7 @@ tokenizer is trained on the Python standard library that ships with the interpre
     python scripts/make_models.py --agent    # agent/: <think> tokens, for reasoning parsers
     python scripts/make_models.py --agent-tools  # agent-tools/: hermes tool calls
     python scripts/make_models.py --agent-tools-kimi  # agent-tools-kimi/: kimi_k2 tool calls
+    python scripts/make_models.py --agent-tools-llama3  # agent-tools-llama3/: llama3_json calls
     python scripts/make_models.py --tiktoken # target-tiktoken/: target/ in the tiktoken format
 
 Models land in ${SPECD_MODELS_DIR:-~/.cache/specd/models}/<name>/, each with
@@ -378,6 +379,9 @@ def main() -> int:
                     help="build the tool-calling test model `agent-tools` (train_tools.py)")
     ap.add_argument("--agent-tools-kimi", action="store_true",
                     help="build `agent-tools-kimi`, kimi_k2 tool calls (train_tools_kimi.py)")
+    ap.add_argument("--agent-tools-llama3", action="store_true",
+                    help="build `agent-tools-llama3`, llama3_json tool calls "
+                         "(train_tools_llama3.py)")
     ap.add_argument("--tiktoken", action="store_true",
                     help="build target-tiktoken (from target) only")
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
@@ -391,6 +395,8 @@ def main() -> int:
         return make_agent_tools(root, args.force)
     if args.agent_tools_kimi:
         return make_agent_tools_kimi(root, args.force)
+    if args.agent_tools_llama3:
+        return make_agent_tools_llama3(root, args.force)
     if args.agent:
         return make_agent(root, args.force)
     with open(root / ".lock", "w") as lock:
@@ -451,6 +457,13 @@ def make_agent_tools_kimi(root: Path, force: bool) -> int:
     import train_tools_kimi
 
     return make_own(root, force, train_tools_kimi.NAME, train_tools_kimi.ensure_agent_tools_kimi)
+
+
+def make_agent_tools_llama3(root: Path, force: bool) -> int:
+    import train_tools_llama3
+
+    return make_own(root, force, train_tools_llama3.NAME,
+                    train_tools_llama3.ensure_agent_tools_llama3)
 
 
 def make_own(root: Path, force: bool, name: str, ensure) -> int:

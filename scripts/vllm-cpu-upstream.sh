@@ -18,7 +18,8 @@
 #   SPECD_VLLM_MODEL         model folder name under the models dir (default target;
 #                            *-trained: the trained pair, with draft-xtok; agent: the
 #                            reasoning-format model; agent-tools: the tool-calling model;
-#                            agent-tools-kimi: the same in the kimi_k2 format)
+#                            agent-tools-kimi: the same in the kimi_k2 format;
+#                            agent-tools-llama3: in the llama3_json format)
 #   SPECD_VLLM_SERVED_NAME   served model name (default specd-$SPECD_VLLM_MODEL)
 #   SPECD_VLLM_START_TIMEOUT seconds to wait for /health (default 900: a loaded 2-core
 #                            machine can take minutes to compile the model)
@@ -125,6 +126,9 @@ ensure_model() {
     elif [[ $MODEL == agent-tools-kimi ]]; then
         # Its kimi_k2-format sibling (scripts/train_tools_kimi.py, ~6 min on one core).
         args+=(--agent-tools-kimi)
+    elif [[ $MODEL == agent-tools-llama3 ]]; then
+        # Its llama3_json-format sibling (scripts/train_tools_llama3.py, ~6 min on one core).
+        args+=(--agent-tools-llama3)
     elif [[ $MODEL == *-tiktoken ]]; then
         # Rebuilt when its source's tokenizer (or the class) changes, which it checks.
         args+=(--tiktoken)

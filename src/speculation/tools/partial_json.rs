@@ -422,7 +422,10 @@ fn fix_fast(s: &[char], strings: bool) -> Result<Fixed, E> {
         if text(from(&h, 1)).is_empty() && trim_tail(&t).is_empty() {
             return Ok((text(upto(s, comma)), t + &closing(rest)));
         }
-        return Ok((text(upto(s, comma + 1)) + &text(from(&h, 1)), t + &closing(&stack)));
+        return Ok((
+            text(upto(s, comma + 1)) + &text(from(&h, 1)),
+            t + &closing(&stack),
+        ));
     }
     if colon <= comma {
         return Err(E::Other);
@@ -500,6 +503,9 @@ mod tests {
         assert_eq!(done(r#"{"a": 1"#, true), Ok(r#"{"a": 1}"#.into()));
         assert_eq!(done("{", false), Ok("{}".into()));
         let (v, n) = loads(r#"{"a": 1}; {"b""#, true).expect("first value");
-        assert_eq!((v.get("a").cloned(), n), (Some(PyValue::Int("1".into())), 8));
+        assert_eq!(
+            (v.get("a").cloned(), n),
+            (Some(PyValue::Int("1".into())), 8)
+        );
     }
 }

@@ -203,7 +203,9 @@ fn read_objects(current: &str, strings: bool) -> Result<Vec<(PyValue, bool)>, Ra
     while start < chars.len() {
         let rest: String = chars[start..].iter().collect();
         let (mut obj, end) = partial_json::loads(&rest, strings).ok_or(Raised)?;
-        let own: String = chars[start..(start + end).min(chars.len())].iter().collect();
+        let own: String = chars[start..(start + end).min(chars.len())]
+            .iter()
+            .collect();
         let complete = pyjson::loads(&own).is_some();
         // Past the value and the two characters of "; ", whatever they are.
         start += end + 2;
@@ -231,7 +233,9 @@ fn read_objects(current: &str, strings: bool) -> Result<Vec<(PyValue, bool)>, Ra
 fn contains(obj: &PyValue, key: &str) -> Result<bool, Raised> {
     match obj {
         PyValue::Dict(kv) => Ok(kv.iter().any(|(k, _)| k == key)),
-        PyValue::List(items) => Ok(items.iter().any(|v| matches!(v, PyValue::Str(s) if s == key))),
+        PyValue::List(items) => Ok(items
+            .iter()
+            .any(|v| matches!(v, PyValue::Str(s) if s == key))),
         PyValue::Str(s) => Ok(s.contains(key)),
         _ => Err(Raised),
     }

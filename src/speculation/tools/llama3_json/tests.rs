@@ -115,7 +115,12 @@ fn llama3_json_streams_equal_vllm() {
     let (mut steps, mut called) = (0, 0);
     for c in &f.streams {
         let reasoning = reasoning_of(&f, c);
-        assert_eq!(reasoning.is_some(), c.reasoning.is_some(), "{:?}", c.reasoning);
+        assert_eq!(
+            reasoning.is_some(),
+            c.reasoning.is_some(),
+            "{:?}",
+            c.reasoning
+        );
         let choice = if c.choice == "auto" {
             Choice::Auto
         } else {
@@ -161,5 +166,8 @@ fn llama3_json_streams_equal_vllm() {
             called += usize::from(want.is_some_and(|w| w.2.iter().any(|p| p.2.is_some())));
         }
     }
-    assert!(steps > 10_000 && called > 100, "{steps} steps, {called} with a name");
+    assert!(
+        steps > 10_000 && called > 100,
+        "{steps} steps, {called} with a name"
+    );
 }
