@@ -307,6 +307,20 @@ fn fix(s: &[char], strings: bool, top: bool) -> Result<(Vec<char>, String), E> {
 /// `fix_fast`'s result: the kept text and its completion.
 type Fixed = (String, String);
 
+/// What `fix_fast` learns in its one scan over the quotes and brackets.
+struct Scan<'a> {
+    s: &'a [char],
+    strings: bool,
+    /// The open brackets (position, character), outermost first; never empty.
+    stack: Vec<(isize, char)>,
+    in_string: bool,
+    /// Where the last string started and ended (-1: none).
+    lss: isize,
+    lse: isize,
+    /// The last quote or bracket.
+    last: (isize, char),
+}
+
 fn fix_fast(s: &[char], strings: bool) -> Result<Fixed, E> {
     let tokens: Vec<(isize, char)> = s
         .iter()
@@ -314,10 +328,10 @@ fn fix_fast(s: &[char], strings: bool) -> Result<Fixed, E> {
         .filter(|(_, c)| matches!(c, '"' | '[' | ']' | '{' | '}'))
         .map(|(k, &c)| (k as isize, c))
         .collect();
-    if tokens.first().is_none_or(|t| t.1 == '"') {
+    let Some(&last) = tokens.last().filter(|_| tokens[0].1 != '"') else {
         let (h, t) = fix(s, strings, true)?;
         return Ok((text(&h), t));
-    }
+    };
     let mut stack: Vec<(isize, char)> = Vec::new();
     let (mut in_string, mut lss, mut lse) = (false, -1isize, -1isize);
     for &(k, c) in &tokens {
@@ -341,25 +355,62 @@ fn fix_fast(s: &[char], strings: bool) -> Result<Fixed, E> {
             }
         }
     }
-    let Some(&(top_at, top_c)) = stack.last() else {
+    if stack.is_empty() {
         return Ok((text(s), String::new()));
-    };
-    let (last_i, last_c) = *tokens.last().ok_or(E::Other)?;
-    let keep = |k: isize, stack: &[(isize, char)]| Ok((text(upto(s, k)), closing(stack)));
-    if !strings && in_string {
-        if top_at > lse && top_c == '{' {
-            return keep(top_at + 1, &stack);
-        }
-        let comma = rfind(s, ",", top_at.max(lse) + 1, lss);
-        if comma != -1 {
-            return keep(comma, &stack);
-        }
-        return before_last_key(s, top_at, lse, &stack);
     }
-    if in_string {
+    let scan = Scan {
+        s,
+        strings,
+        stack,
+        in_string,
+        lss,
+        lse,
+        last,
+    };
+    if scan.in_string {
+        scan.in_string()
+    } else {
+        scan.after_value()
+    }
+}
+
+impl Scan<'_> {
+    fn top(&self) -> (isize, char) {
+        self.stack[self.stack.len() - 1]
+    }
+
+    /// The stack without its innermost bracket.
+    fn outer(&self) -> &[(isize, char)] {
+        &self.stack[..self.stack.len() - 1]
+    }
+
+    fn keep(&self, k: isize, stack: &[(isize, char)]) -> Result<Fixed, E> {
+        Ok((text(upto(self.s, k)), closing(stack)))
+    }
+
+    /// `s[:k]` and `_fix(s[k:])`, closed by `stack`.
+    fn fixed_from(&self, k: isize, stack: &[(isize, char)]) -> Result<Fixed, E> {
+        let (h, t) = fix(from(self.s, k), self.strings, false)?;
+        Ok((text(upto(self.s, k)) + &text(&h), t + &closing(stack)))
+    }
+
+    /// The text ends inside a string.
+    fn in_string(&self) -> Result<Fixed, E> {
+        let (s, (top_at, top_c)) = (self.s, self.top());
+        let (lss, lse) = (self.lss, self.lse);
+        if !self.strings {
+            // Not even a partial key or value: cut before it.
+            if top_at > lse && top_c == '{' {
+                return self.keep(top_at + 1, &self.stack);
+            }
+            let comma = rfind(s, ",", top_at.max(lse) + 1, lss);
+            if comma != -1 {
+                return self.keep(comma, &self.stack);
+            }
+            return before_last_key(s, top_at, lse, &self.stack);
+        }
         if top_c == '[' {
-            let (h, t) = fix(from(s, lss), strings, false)?;
-            return Ok((text(upto(s, lss)) + &text(&h), t + &closing(&stack)));
+            return self.fixed_from(lss, &self.stack);
         }
         let start = lse.max(top_at);
         let between = &s[bound(s, start + 1)..bound(s, lss).max(bound(s, start + 1))];
@@ -367,70 +418,73 @@ fn fix_fast(s: &[char], strings: bool) -> Result<Fixed, E> {
             let comma = rfind(s, ",", start, lss);
             let mut probe = vec![top_c];
             probe.extend_from_slice(from(s, comma + 1));
-            let (h, t) = fix(&probe, strings, false)?;
+            let (h, t) = fix(&probe, self.strings, false)?;
             let head = text(upto(s, comma)) + &text(from(&h, 1));
-            return Ok((head, t + &closing(&stack[..stack.len() - 1])));
+            return Ok((head, t + &closing(self.outer())));
         }
         if between.contains(&':') {
-            let (h, t) = fix(from(s, lss), strings, false)?;
-            return Ok((text(upto(s, lss)) + &text(&h), t + &closing(&stack)));
+            return self.fixed_from(lss, &self.stack);
         }
-        return keep(lss, &stack);
+        self.keep(lss, &self.stack)
     }
-    let comma = rfind(s, ",", lse.max(last_i) + 1, s.len() as isize);
-    if comma != -1 {
-        if text(from(s, comma + 1)).trim_matches(py_space).is_empty() {
-            return keep(comma, &stack);
+
+    /// The text ends outside strings.
+    fn after_value(&self) -> Result<Fixed, E> {
+        let (s, (top_at, top_c)) = (self.s, self.top());
+        let (last_i, last_c) = self.last;
+        let comma = rfind(s, ",", self.lse.max(last_i) + 1, s.len() as isize);
+        if comma != -1 {
+            if text(from(s, comma + 1)).trim_matches(py_space).is_empty() {
+                return self.keep(comma, &self.stack);
+            }
+            if top_c != '[' {
+                return Err(E::Other);
+            }
+            let mut probe = vec![top_c];
+            probe.extend_from_slice(from(s, comma + 1));
+            return rejoin(s, comma, &probe, self.strings, self.outer());
         }
-        if top_c != '[' {
-            return Err(E::Other);
+        match last_c {
+            ']' | '}' => {
+                if !text(from(s, last_i + 1)).trim_matches(py_space).is_empty() {
+                    return Err(E::Other);
+                }
+                Ok((text(s), closing(&self.stack)))
+            }
+            '[' | '{' => self.fixed_from(last_i, self.outer()),
+            // The last token closed a string.
+            _ if top_c == '[' => Ok((text(s), closing(&self.stack))),
+            _ => self.after_string_in_object(top_at),
         }
-        let mut probe = vec![top_c];
+    }
+
+    /// An object whose last token closed a key or a value.
+    fn after_string_in_object(&self, top_at: isize) -> Result<Fixed, E> {
+        let s = self.s;
+        let colon = rfind(s, ":", self.lse, s.len() as isize);
+        let comma = rfind(s, ",", top_at + 1, self.lss);
+        if comma == -1 {
+            return self.fixed_from(top_at, self.outer());
+        }
+        let mut probe = vec!['{'];
         probe.extend_from_slice(from(s, comma + 1));
-        return rejoin(s, comma, &probe, strings, &stack[..stack.len() - 1]);
-    }
-    if matches!(last_c, ']' | '}') {
-        if !text(from(s, last_i + 1)).trim_matches(py_space).is_empty() {
+        if colon == -1 {
+            if rfind(s, ":", top_at.max(comma) + 1, self.lss) != -1 {
+                return Ok((text(s), closing(&self.stack)));
+            }
+            // Python closes the whole stack here when the last pair is kept.
+            let (h, t) = fix(&probe, self.strings, false)?;
+            if text(from(&h, 1)).is_empty() && trim_tail(&t).is_empty() {
+                return Ok((text(upto(s, comma)), t + &closing(self.outer())));
+            }
+            let head = text(upto(s, comma + 1)) + &text(from(&h, 1));
+            return Ok((head, t + &closing(&self.stack)));
+        }
+        if colon <= comma {
             return Err(E::Other);
         }
-        return Ok((text(s), closing(&stack)));
+        rejoin(s, comma, &probe, self.strings, self.outer())
     }
-    if matches!(last_c, '[' | '{') {
-        let (h, t) = fix(from(s, last_i), strings, false)?;
-        let rest = &stack[..stack.len() - 1];
-        return Ok((text(upto(s, last_i)) + &text(&h), t + &closing(rest)));
-    }
-    // The last token closed a string.
-    if top_c == '[' {
-        return Ok((text(s), closing(&stack)));
-    }
-    let colon = rfind(s, ":", lse, s.len() as isize);
-    let comma = rfind(s, ",", top_at + 1, lss);
-    let rest = &stack[..stack.len() - 1];
-    if comma == -1 {
-        let (h, t) = fix(from(s, top_at), strings, false)?;
-        return Ok((text(upto(s, top_at)) + &text(&h), t + &closing(rest)));
-    }
-    let mut probe = vec!['{'];
-    probe.extend_from_slice(from(s, comma + 1));
-    if colon == -1 {
-        if rfind(s, ":", top_at.max(comma) + 1, lss) != -1 {
-            return Ok((text(s), closing(&stack)));
-        }
-        // Python closes the whole stack here when the last pair is kept.
-        let (h, t) = fix(&probe, strings, false)?;
-        if text(from(&h, 1)).is_empty() && trim_tail(&t).is_empty() {
-            return Ok((text(upto(s, comma)), t + &closing(rest)));
-        }
-        return Ok((
-            text(upto(s, comma + 1)) + &text(from(&h, 1)),
-            t + &closing(&stack),
-        ));
-    }
-    if colon <= comma {
-        return Err(E::Other);
-    }
-    rejoin(s, comma, &probe, strings, rest)
 }
 
 /// `tail[:-1].strip()`.
