@@ -1,13 +1,22 @@
 #!/usr/bin/env python3
-"""Reference outputs of vLLM's own `llama3_json` tool parser on whole answers, for
-specd's unit tests.
+"""Reference outputs of vLLM's own `llama3_json` tool parser, for specd's unit tests.
 
     ~/.cache/specd/vllm-venv/bin/python scripts/llama3_json_reference.py \
         > src/speculation/tools/llama3_json_vllm.json
 
-For each text: what the chat serving makes of `extract_tool_calls` with
+`whole`: for each text, what the chat serving makes of `extract_tool_calls` with
 `tool_choice: "auto"` (`DelegatingParser.parse`): the content and every call's name and
-arguments. (Its streaming parse is not compared: specd passes such streams through.)
+arguments.
+
+`streams`: the parser class vLLM's chat serving builds for `--enable-auto-tool-choice
+--tool-call-parser llama3_json` (alone, and beside `--reasoning-parser` `deepseek_r1`,
+`qwen3` and `kimi_k2`: `ParserManager.get_parser`), driven the way its serving code
+drives it: `parse` on the whole answer, `parse_delta` once per generated token (the
+token's id and the text released with it, the prompt's ids, `finished` on the last).
+The tokenizer is a small stand-in (each token's text is fixed), so the cases can place
+`<|python_tag|>` and the think markers as single tokens or spell them over several
+tokens, stream one character a step, and hold text back as a stop string does.
+Requests: `tool_choice` `auto` and `none`.
 """
 import json
 import sys
@@ -21,6 +30,156 @@ class Tok:
 
     def get_vocab(self):
         return {"<|python_tag|>": 1}
+
+
+SPECIAL = ["<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>"]
+MARKERS = ["<|python_tag|>", "<think>", "</think>"]
+EOS = "<|eot_id|>"
+
+
+class StreamTok:
+    """A tokenizer whose tokens are fixed strings (ids handed out on first use)."""
+
+    def __init__(self):
+        self.vocab = {}
+        for t in SPECIAL + MARKERS:
+            self.id(t)
+        self.all_special_tokens = list(SPECIAL)
+        self.all_special_ids = [self.vocab[t] for t in SPECIAL]
+
+    def id(self, text):
+        return self.vocab.setdefault(text, len(self.vocab) + 1)
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def decode(self, ids, **_):
+        back = {v: k for k, v in self.vocab.items()}
+        return "".join(back[i] for i in ids)
+
+
+W = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+A = '{"name": "add", "parameters": {"a": 3, "b": 2.50}}'
+STREAM_TEXTS = [
+    W,
+    "<|python_tag|>" + W,
+    W + "; " + A,
+    "<|python_tag|>" + A + "; " + W + "; " + '{"name": "search", "arguments": {"query": "é"}}',
+    "Let me check. " + W,
+    W + " and then some text",
+    W + ";" + A,
+    '{"name": "f", "arguments": {"deep": {"x": [1, {"y": null}, true], "s": "a\\"b"}}}',
+    '{"name": "日本", "arguments": {"v": "✓ café", "n": -1.5e3}}',
+    '{"name": "f", "arguments": {}}',
+    '{"name": "f", "arguments": "raw string"}',
+    '{"name": "f"}',
+    '{"arguments": {"q": 1}, "name": "late"}',
+    '{"name": 3, "arguments": {}}',
+    '{"name": "f", "arguments": {"x": 1}',
+    '{"name": "f", "arguments": {"city": "Os',
+    "{not json at all}",
+    "plain answer, no call",
+    "",
+    "<|python_tag|>",
+    'x</think>' + W,
+    'reason here</think>\n\n' + W,
+    'plan it\n</think>' + "<|python_tag|>" + A + "; " + W,
+    '<think>r</think>{"name": "f", "arguments": {"k": [1, 2]}}',
+    "reasoning only, never closed " + W,
+    '{"name": "f", "arguments": {"u": "\\u00e9\\n"}, "extra": [1, 2]}',
+]
+
+
+def pieces(text, split, size_cycle):
+    """Cut `text` into tokens: markers whole (unless `split`), other text in runs of
+    the sizes of `size_cycle` in turn."""
+    out, i, n = [], 0, 0
+    every = SPECIAL + MARKERS
+    while i < len(text):
+        m = next((m for m in every if text.startswith(m, i)), None)
+        if m and not split:
+            out.append(m)
+            i += len(m)
+            continue
+        size = size_cycle[n % len(size_cycle)]
+        n += 1
+        if not split:
+            nxt = min((text.find(m, i + 1) for m in every if text.find(m, i + 1) > 0),
+                      default=len(text))
+            size = min(size, max(1, nxt - i))
+        out.append(text[i:i + size])
+        i += size
+    return out
+
+
+def steps_of(tok, toks, hold):
+    """One step per token, the last the unrendered EOS; `hold`: every third token's
+    text comes with the next one (as a stop string holds it back)."""
+    steps, held = [], ""
+    for k, t in enumerate(toks):
+        text = held + t
+        held = ""
+        if hold and k % 3 == 1:
+            held, text = text, ""
+        steps.append({"tokens": [[tok.id(t), t]], "text": text})
+    steps.append({"tokens": [[tok.id(EOS), EOS]], "text": held})
+    return steps
+
+
+def delta_json(d):
+    if d is None:
+        return None
+    calls = [[t.index, t.id, t.function.name if t.function else None,
+              t.function.arguments if t.function else None] for t in d.tool_calls or []]
+    return [d.reasoning, d.content, calls]
+
+
+def run_stream(reasoning, tok, prompt, steps, req):
+    cls = ParserManager.get_parser(tool_parser_name="llama3_json",
+                                   reasoning_parser_name=reasoning, enable_auto_tools=True)
+    make = lambda: cls(tok, req.tools, chat_template_kwargs=None)
+    ids = [i for s in steps for i, _ in s["tokens"]]
+    text = "".join(s["text"] for s in steps)
+    r, content, calls = make().parse(text, req, enable_auto_tools=True,
+                                     model_output_token_ids=ids)
+    p = make()
+    out = []
+    for k, s in enumerate(steps):
+        d = p.parse_delta(s["text"], [i for i, _ in s["tokens"]], req,
+                          prompt_token_ids=prompt, finished=k == len(steps) - 1)
+        out.append(delta_json(d))
+    return {
+        "whole": {"reasoning": r, "content": content,
+                  "calls": [[c.name, c.arguments] for c in calls or []]},
+        "deltas": out,
+    }
+
+
+def stream_cases():
+    tok = StreamTok()
+    start, think, end = tok.id("<|begin_of_text|>"), tok.id("<think>"), tok.id("</think>")
+    # Reasoning open at the end of the prompt, and closed in it.
+    prompts = [[start, tok.id("assistant\n")], [think, tok.id("r"), end]]
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    msgs = [{"role": "user", "content": "x"}]
+    cases = []
+    for reasoning in (None, "deepseek_r1", "qwen3", "kimi_k2"):
+        for choice in ("auto", "none"):
+            req = ChatCompletionRequest(model="m", messages=msgs, tools=tools,
+                                        tool_choice=choice)
+            for text in STREAM_TEXTS:
+                variants = [(False, [1, 2, 3], False, 0), (True, [1], False, 0),
+                            (True, [2, 3, 1], True, 1)]
+                if choice != "auto" or reasoning not in (None, "deepseek_r1"):
+                    variants = [variants[0], variants[2]]
+                for split, sizes, hold, pv in variants:
+                    prompt = prompts[pv if reasoning else 0]
+                    steps = steps_of(tok, pieces(text, split, sizes), hold)
+                    case = {"reasoning": reasoning, "choice": choice, "prompt": prompt,
+                            "steps": steps}
+                    case.update(run_stream(reasoning, tok, prompt, steps, req))
+                    cases.append(case)
+    return tok, cases
 
 
 TEXTS = [
@@ -57,13 +216,20 @@ def main():
         model="m", messages=[{"role": "user", "content": "x"}],
         tools=[{"type": "function", "function": {"name": "f"}}])
     cls = ParserManager.get_parser(tool_parser_name="llama3_json", enable_auto_tools=True)
-    out = []
+    whole = []
     for text in TEXTS:
         _, content, calls = cls(Tok(), req.tools).parse(text, req, enable_auto_tools=True)
-        out.append({"text": text, "content": content,
-                    "calls": [[c.name, c.arguments] for c in calls or []]})
-    json.dump(out, sys.stdout, ensure_ascii=False, indent=0)
-    sys.stdout.write("\n")
+        whole.append({"text": text, "content": content,
+                      "calls": [[c.name, c.arguments] for c in calls or []]})
+    tok, streams = stream_cases()
+    # One case a line, so that a change in vLLM reads as a short diff.
+    out = sys.stdout
+    out.write('{"vocab": %s, "special": %s,\n"whole": [\n' % (
+        json.dumps(tok.get_vocab(), ensure_ascii=False), json.dumps(SPECIAL)))
+    out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in whole))
+    out.write('\n],\n"streams": [\n')
+    out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in streams))
+    out.write("\n]}\n")
 
 
 main()

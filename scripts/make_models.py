@@ -12,6 +12,7 @@ tokenizer is trained on the Python standard library that ships with the interpre
     python scripts/make_models.py --agent-tools  # agent-tools/: hermes tool calls
     python scripts/make_models.py --agent-tools-kimi  # agent-tools-kimi/: kimi_k2 tool calls
     python scripts/make_models.py --agent-tools-qwen3coder  # agent-tools-qwen3coder/: qwen3_coder calls
+    python scripts/make_models.py --agent-tools-llama3  # agent-tools-llama3/: llama3_json calls
     python scripts/make_models.py --tiktoken # target-tiktoken/: target/ in the tiktoken format
 
 Models land in ${SPECD_MODELS_DIR:-~/.cache/specd/models}/<name>/, each with
@@ -382,6 +383,9 @@ def main() -> int:
     ap.add_argument("--agent-tools-qwen3coder", action="store_true",
                     help="build `agent-tools-qwen3coder`, qwen3_coder tool calls "
                          "(train_tools_qwen3coder.py)")
+    ap.add_argument("--agent-tools-llama3", action="store_true",
+                    help="build `agent-tools-llama3`, llama3_json tool calls "
+                         "(train_tools_llama3.py)")
     ap.add_argument("--tiktoken", action="store_true",
                     help="build target-tiktoken (from target) only")
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
@@ -397,6 +401,8 @@ def main() -> int:
         return make_agent_tools_kimi(root, args.force)
     if args.agent_tools_qwen3coder:
         return make_agent_tools_qwen3coder(root, args.force)
+    if args.agent_tools_llama3:
+        return make_agent_tools_llama3(root, args.force)
     if args.agent:
         return make_agent(root, args.force)
     with open(root / ".lock", "w") as lock:
@@ -463,6 +469,11 @@ def make_agent_tools_qwen3coder(root: Path, force: bool) -> int:
     import train_tools_qwen3coder as q
 
     return make_own(root, force, q.NAME, q.ensure_agent_tools_qwen3coder)
+def make_agent_tools_llama3(root: Path, force: bool) -> int:
+    import train_tools_llama3
+
+    return make_own(root, force, train_tools_llama3.NAME,
+                    train_tools_llama3.ensure_agent_tools_llama3)
 
 
 def make_own(root: Path, force: bool, name: str, ensure) -> int:

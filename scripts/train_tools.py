@@ -115,9 +115,12 @@ class Format:
     """A tool-call format: the model's name, its added tokens, chat template, how an
     assistant turn with calls is written, and the body of its first call."""
 
-    def __init__(self, name, tokens, template, recipe, turn_text, first_args):
+    def __init__(self, name, tokens, template, recipe, turn_text, first_args, thinks=True):
         self.name, self.tokens, self.template, self.recipe = name, tokens, template, recipe
         self.turn_text, self.first_args = turn_text, first_args
+        # The model reasons (`<think>` opened by the template, closed by the model)
+        # before each turn.
+        self.thinks = thinks
 
 
 def build_tokenizer(src: Path, out: Path, fmt=None) -> None:
@@ -239,8 +242,11 @@ def training_text(tok, msgs: list[dict], tools, fmt=None) -> str:
             continue
         prompt = tok.apply_chat_template(msgs[:k], tools=tools, tokenize=False,
                                          add_generation_prompt=True)
-        turn = (fmt or HERMES).turn_text(m)
-        text += f"{prompt}{reasoning_for(msgs[:k])}\n{THINK_END}\n\n{turn}{mm.IM_END}\n"
+        fmt = fmt or HERMES
+        turn = fmt.turn_text(m)
+        if fmt.thinks:
+            turn = f"{reasoning_for(msgs[:k])}\n{THINK_END}\n\n{turn}"
+        text += f"{prompt}{turn}{mm.IM_END}\n"
     return text
 
 
@@ -317,7 +323,7 @@ def check_format(out: Path, tok, fmt) -> None:
         text = tok.decode(gen, skip_special_tokens=True)
         log(f"  {fmt.name} sample: {q!r} -> {text!r}")
         try:
-            good += int(THINK_END in text and bool(fmt.first_args(text)))
+            good += int((THINK_END in text or not fmt.thinks) and bool(fmt.first_args(text)))
         except (ValueError, KeyError, TypeError):
             pass
     assert good >= 3, f"only {good}/{len(questions)} samples made a tool call"

@@ -19,7 +19,8 @@
 #                            *-trained: the trained pair, with draft-xtok; agent: the
 #                            reasoning-format model; agent-tools: the tool-calling model;
 #                            agent-tools-kimi: the same in the kimi_k2 format;
-#                            agent-tools-qwen3coder: in the qwen3_coder format)
+#                            agent-tools-qwen3coder: in the qwen3_coder format;
+#                            agent-tools-llama3: in the llama3_json format)
 #   SPECD_VLLM_SERVED_NAME   served model name (default specd-$SPECD_VLLM_MODEL)
 #   SPECD_VLLM_START_TIMEOUT seconds to wait for /health (default 900: a loaded 2-core
 #                            machine can take minutes to compile the model)
@@ -129,6 +130,9 @@ ensure_model() {
     elif [[ $MODEL == agent-tools-qwen3coder ]]; then
         # Its qwen3_coder-format sibling (scripts/train_tools_qwen3coder.py, ~6 min on one core).
         args+=(--agent-tools-qwen3coder)
+    elif [[ $MODEL == agent-tools-llama3 ]]; then
+        # Its llama3_json-format sibling (scripts/train_tools_llama3.py, ~6 min on one core).
+        args+=(--agent-tools-llama3)
     elif [[ $MODEL == *-tiktoken ]]; then
         # Rebuilt when its source's tokenizer (or the class) changes, which it checks.
         args+=(--tiktoken)

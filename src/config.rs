@@ -103,7 +103,6 @@ fn reasoning_parser(s: &str) -> Result<ReasoningParserArg, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolCallParser {
     Hermes,
-    /// Whole answers only: a streamed chat that may call tools passes through.
     Llama3Json,
     /// vLLM's grammar engine with the kimi_k2 config (model-made call ids).
     KimiK2,
@@ -126,11 +125,6 @@ impl ToolCallParser {
             ToolCallParser::KimiK2 => "kimi_k2",
             ToolCallParser::Qwen3Coder => "qwen3_coder",
         }
-    }
-
-    /// specd reproduces this parser's streamed calls too.
-    pub fn streams(self) -> bool {
-        self != ToolCallParser::Llama3Json
     }
 }
 
@@ -326,8 +320,7 @@ pub struct ServeArgs {
     /// The upstream's `--tool-call-parser` (vLLM does not report it). With
     /// `--enable-auto-tool-choice`, chat answers are parsed for tool calls as that parser
     /// reads them, and requests with `tools` and `tool_choice` `auto` or `none` are
-    /// speculated. specd implements `hermes`, `llama3_json` (whose streamed chat with
-    /// `tool_choice` `auto` passes through), `kimi_k2` and `qwen3_coder`; with any other
+    /// speculated. specd implements `hermes`, `llama3_json`, `kimi_k2` and `qwen3_coder`; with any other
     /// name, chat completions pass through.
     #[arg(long, env = "SPECD_TOOL_CALL_PARSER", value_parser = tool_call_parser)]
     pub tool_call_parser: Option<ToolCallParserArg>,

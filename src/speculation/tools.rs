@@ -20,6 +20,7 @@ mod golden;
 pub mod hermes;
 pub mod kimi_k2;
 pub mod llama3_json;
+pub mod partial_json;
 pub mod pyjson;
 pub mod qwen3_coder;
 pub mod schema;
@@ -323,6 +324,7 @@ impl Tools {
             tools: self.clone(),
             text: String::new(),
             hermes: hermes::Stream::default(),
+            llama3: llama3_json::stream::Stream::default(),
             engine,
             called: false,
         }
@@ -345,6 +347,7 @@ pub struct ToolStream {
     /// The whole text so far (vLLM's `current_text`).
     text: String,
     hermes: hermes::Stream,
+    llama3: llama3_json::stream::Stream,
     /// A grammar-engine parser's state.
     engine: Option<Box<EngineParser>>,
     /// Some step sent a call (vLLM's `tools_streamed`).
@@ -381,20 +384,21 @@ impl ToolStream {
         self.text.push_str(released);
         let mut d = match self.tools.parser {
             ToolCallParser::Hermes => self.hermes.step(&self.text)?,
-            // Not reached: such a stream passes through (policy), and kimi_k2 has its
-            // engine. Plain text if it were.
-            ToolCallParser::Llama3Json | ToolCallParser::KimiK2 | ToolCallParser::Qwen3Coder => {
-                StreamDelta {
-                    content: (!released.is_empty()).then(|| released.to_string()),
-                    calls: Vec::new(),
-                }
-            }
+            ToolCallParser::Llama3Json => self.llama3.step(&self.text, released)?,
+            // Not reached: the engine parsers always have their engine. Plain text if it were.
+            ToolCallParser::KimiK2 | ToolCallParser::Qwen3Coder => StreamDelta {
+                content: (!released.is_empty()).then(|| released.to_string()),
+                calls: Vec::new(),
+            },
         };
         if last {
             // vLLM's `finalize_generation`: arguments parsed but not streamed.
             if let Some(c) = d.calls.last_mut() {
-                let rest = self.hermes.remaining_args();
-                c.arguments.get_or_insert_with(String::new).push_str(rest);
+                let rest = match self.tools.parser {
+                    ToolCallParser::Llama3Json => self.llama3.remaining_args(),
+                    _ => self.hermes.remaining_args().to_string(),
+                };
+                c.arguments.get_or_insert_with(String::new).push_str(&rest);
             }
         }
         self.called |= !d.calls.is_empty();

@@ -228,6 +228,42 @@ impl Drop for StopQwen3CoderTools {
     }
 }
 
+/// URL of a real vLLM serving the `agent-tools-llama3` model
+/// (scripts/train_tools_llama3.py) in float32 with `--enable-auto-tool-choice
+/// --tool-call-parser llama3_json`: `SPECD_TEST_LLAMA3_TOOLS_UPSTREAM`, else started by
+/// scripts/vllm-cpu-upstream.sh as its own named server (`LLAMA3_TOOLS_SERVED`).
+pub fn llama3_tools_upstream() -> String {
+    if let Ok(u) = std::env::var(LLAMA3_TOOLS_VAR) {
+        return u;
+    }
+    let extra = "--dtype float32 --enable-auto-tool-choice --tool-call-parser llama3_json";
+    named_upstream(LLAMA3_TOOLS_MODEL, LLAMA3_TOOLS_SERVED, extra)
+}
+
+pub const LLAMA3_TOOLS_MODEL: &str = "agent-tools-llama3";
+pub const LLAMA3_TOOLS_SERVED: &str = "specd-agent-tools-llama3-llama3_json";
+const LLAMA3_TOOLS_VAR: &str = "SPECD_TEST_LLAMA3_TOOLS_UPSTREAM";
+
+/// Stops the llama3_json tools server when dropped (one test uses it), unless the
+/// environment gave it.
+pub struct StopLlama3Tools;
+
+impl Drop for StopLlama3Tools {
+    fn drop(&mut self) {
+        if std::env::var(LLAMA3_TOOLS_VAR).is_ok() {
+            return;
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let _ = Command::new("bash")
+            .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
+            .arg("stop")
+            .env("SPECD_VLLM_MODEL", LLAMA3_TOOLS_MODEL)
+            .env("SPECD_VLLM_SERVED_NAME", LLAMA3_TOOLS_SERVED)
+            .stderr(Stdio::inherit())
+            .output();
+    }
+}
+
 /// Stop the `agent` server of a reasoning parser that only one test uses, so that its
 /// memory is free for the servers of the tests still running (a 24 GiB machine ran out
 /// with eight vLLM servers of the test models and SGLang up at once). Not the shared

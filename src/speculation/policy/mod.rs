@@ -165,10 +165,6 @@ fn tools_for(
         (None, None) => Ok(None),
         (None, Some(_)) => Err(Reason::Tools),
         (Some(ToolCallParserArg::Unimplemented(_)), _) => Err(Reason::Parser),
-        // A parser whose streamed calls specd does not reproduce: its streams pass.
-        (Some(ToolCallParserArg::Known(p)), Some(Choice::Auto)) if gen.stream && !p.streams() => {
-            Err(Reason::Parser)
-        }
         (Some(ToolCallParserArg::Known(ToolCallParser::KimiK2)), choice) => {
             kimi_k2_for(c, gen, tok, choice.unwrap_or(Choice::None)).map(Some)
         }

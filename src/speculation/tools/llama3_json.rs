@@ -1,7 +1,9 @@
-//! vLLM 0.32's `llama3_json` tool parser (`vllm/tool_parsers/llama_tool_parser.py`),
-//! whole answers only: calls are JSON objects `{"name": …, "arguments" | "parameters":
-//! …}` anywhere in the text. Its streaming parse rests on the `partial_json_parser`
-//! library, which specd does not reproduce: streamed chat with tool calls passes through.
+//! vLLM 0.32's `llama3_json` tool parser (`vllm/tool_parsers/llama_tool_parser.py`):
+//! calls are JSON objects `{"name": …, "arguments" | "parameters": …}` anywhere in a
+//! whole answer; a stream reads them only from a text that starts with one (or with
+//! `<|python_tag|>`), `;`-separated, as partial JSON (`stream.rs`).
+
+pub mod stream;
 
 use super::pyjson::{self, PyValue};
 use super::{Call, Extracted};
@@ -58,3 +60,6 @@ fn call_of(obj: &PyValue) -> Option<Call> {
         arguments: pyjson::dumps(args),
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -43,6 +43,25 @@ pub fn loads(text: &str) -> Option<PyValue> {
     (p.i == p.s.len()).then_some(v)
 }
 
+/// `json.loads(text)` telling Python's "Extra data" error (a whole value followed by
+/// more than whitespace: `Err(true)`) from the others (`Err(false)`).
+pub fn loads_or_extra(text: &str) -> Result<PyValue, bool> {
+    let mut p = Parser {
+        s: text.as_bytes(),
+        text,
+        i: 0,
+        depth: 0,
+    };
+    p.ws();
+    let v = p.value().ok_or(false)?;
+    p.ws();
+    if p.i == p.s.len() {
+        Ok(v)
+    } else {
+        Err(true)
+    }
+}
+
 /// `json.JSONDecoder().raw_decode(text)`: the value at the very start of `text` and the
 /// byte offset where it ends; `None` where Python raises.
 pub fn raw_decode(text: &str) -> Option<(PyValue, usize)> {

@@ -72,24 +72,3 @@ fn hermes_equals_vllm() {
         assert_eq!(s.remaining_args(), case["remaining"], "{text:?}");
     }
 }
-
-/// vLLM's own llama3_json parser on the texts of scripts/llama3_json_reference.py.
-#[test]
-fn llama3_json_equals_vllm() {
-    #[derive(serde::Deserialize)]
-    struct Case {
-        text: String,
-        content: Option<String>,
-        calls: Vec<(String, String)>,
-    }
-    let cases: Vec<Case> =
-        serde_json::from_str(include_str!("llama3_json_vllm.json")).expect("reference json");
-    let t = Tools::new(ToolCallParser::Llama3Json, Choice::Auto);
-    assert!(cases.len() > 20);
-    for c in &cases {
-        let e = t.extract(&c.text);
-        let calls: Vec<(String, String)> =
-            e.calls.into_iter().map(|c| (c.name, c.arguments)).collect();
-        assert_eq!((&e.content, &calls), (&c.content, &c.calls), "{:?}", c.text);
-    }
-}
