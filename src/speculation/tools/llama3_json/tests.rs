@@ -22,9 +22,11 @@ struct Fixture {
     special: Vec<String>,
     whole: Vec<WholeCase>,
     streams: Vec<StreamCase>,
-    /// `[text, Allow.STR, [json.dumps(value), characters taken] | null]`.
-    partial: Vec<(String, bool, Option<(String, usize)>)>,
+    partial: Vec<PartialCase>,
 }
+
+/// `[text, Allow.STR, [json.dumps(value), characters taken] | null]`.
+type PartialCase = (String, bool, Option<(String, usize)>);
 
 #[derive(Deserialize)]
 struct WholeCase {
