@@ -17,8 +17,14 @@ The tokenizer is a small stand-in (each token's text is fixed), so the cases can
 `<|python_tag|>` and the think markers as single tokens or spell them over several
 tokens, stream one character a step, and hold text back as a stop string does.
 Requests: `tool_choice` `auto` and `none`.
+
+`partial`: vLLM's `partial_json_loads` (the `partial_json_parser` library) on every
+prefix of random JSON-like texts (nested values, escapes, unicode, `NaN`, `; `-joined
+values, stray characters), with and without `Allow.STR`: the value read (as
+`json.dumps` writes it) and the characters taken, or null where it raises.
 """
 import json
+import random
 import sys
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -211,6 +217,52 @@ TEXTS = [
 ]
 
 
+def partial_cases():
+    from partial_json_parser.core.options import Allow
+    from vllm.tool_parsers.utils import partial_json_loads
+
+    rng = random.Random(7)
+    atoms = ['"a"', '"é✓"', '"x\\\\"', '"q\\"t"', '"\\u00e9"', "1", "-2.5", "1e3", "0",
+             "true", "false", "null", "NaN", "-Infinity", "[]", "{}", '"name"']
+    keys = ['"name"', '"arguments"', '"k"', '"parameters"']
+
+    def val(d=0):
+        r = rng.random()
+        if d > 3 or r < 0.4:
+            return rng.choice(atoms)
+        if r < 0.7:
+            sep = ", " if rng.random() < 0.7 else ","
+            return "[" + sep.join(val(d + 1) for _ in range(rng.randrange(0, 4))) + "]"
+        pairs = (rng.choice(keys) + rng.choice([": ", ":", " : "]) + val(d + 1)
+                 for _ in range(rng.randrange(0, 4)))
+        return "{" + ", ".join(pairs) + "}"
+
+    out, seen, texts = [], set(), 0
+    while texts < 200:
+        t = val()
+        if rng.random() < 0.3:
+            t += rng.choice(["; ", ";", " ", "}", " x"]) + val()
+        if rng.random() < 0.1:
+            t = " " + t
+        if len(t) > 60:
+            continue
+        texts += 1
+        for k in range(1, len(t) + 1):
+            p = t[:k]
+            if p in seen:
+                continue
+            seen.add(p)
+            for strings in (False, True):
+                flags = Allow.ALL if strings else Allow.ALL & ~Allow.STR
+                try:
+                    v, end = partial_json_loads(p, flags)
+                    r = [json.dumps(v, ensure_ascii=False), end]
+                except Exception:
+                    r = None
+                out.append([p, strings, r])
+    return out
+
+
 def main():
     req = ChatCompletionRequest(
         model="m", messages=[{"role": "user", "content": "x"}],
@@ -229,6 +281,8 @@ def main():
     out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in whole))
     out.write('\n],\n"streams": [\n')
     out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in streams))
+    out.write('\n],\n"partial": [\n')
+    out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in partial_cases()))
     out.write("\n]}\n")
 
 

@@ -1,7 +1,8 @@
 //! The parser against vLLM's own `llama3_json` tool parser (alone and beside the
 //! `deepseek_r1`, `qwen3` and `kimi_k2` reasoning parsers), run by
 //! scripts/llama3_json_reference.py on the same tokens: whole answers as `read_whole`
-//! reads them, streams step by step as `generation::parse_step` composes them.
+//! reads them, streams step by step as `generation::parse_step` composes them, and the
+//! partial JSON reading under them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +22,11 @@ struct Fixture {
     special: Vec<String>,
     whole: Vec<WholeCase>,
     streams: Vec<StreamCase>,
+    partial: Vec<PartialCase>,
 }
+
+/// `[text, Allow.STR, [json.dumps(value), characters taken] | null]`.
+type PartialCase = (String, bool, Option<(String, usize)>);
 
 #[derive(Deserialize)]
 struct WholeCase {
@@ -72,6 +77,20 @@ fn llama3_json_equals_vllm() {
         let calls: Vec<(String, String)> =
             e.calls.into_iter().map(|c| (c.name, c.arguments)).collect();
         assert_eq!((&e.content, &calls), (&c.content, &c.calls), "{:?}", c.text);
+    }
+}
+
+/// The `partial_json_parser` library as vLLM calls it, on every prefix of random texts.
+#[test]
+fn partial_json_equals_the_library() {
+    use crate::speculation::tools::{partial_json, pyjson};
+    let f = fixture();
+    assert!(f.partial.len() > 3000, "{}", f.partial.len());
+    let raised = f.partial.iter().filter(|c| c.2.is_none()).count();
+    assert!(raised > 100, "{raised}");
+    for (text, strings, want) in &f.partial {
+        let got = partial_json::loads(text, *strings).map(|(v, n)| (pyjson::dumps(&v), n));
+        assert_eq!(&got, want, "{text:?} strings {strings}");
     }
 }
 
