@@ -79,18 +79,22 @@ impl SseParser {
 /// Where the data of the event at `event` of `buf` is, if it has any; the data of several
 /// `data:` lines is joined into `joined`.
 fn event_data(buf: &[u8], event: Range<usize>, joined: &mut String) -> Option<Data> {
+    let mut at = event.start;
+    let bytes = &buf[event];
+    // One line, the usual event: nothing to split.
+    if memchr::memchr(b'\n', bytes).is_none() {
+        let r = data_of(bytes)?;
+        return Some(Data::Line(at + r.start..at + r.end));
+    }
     let mut first: Option<Range<usize>> = None;
     let mut several = false;
-    let mut at = event.start;
-    for line in buf[event].split(|&b| b == b'\n') {
+    for line in bytes.split(|&b| b == b'\n') {
         let line_start = at;
         at += line.len() + 1;
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(rest) = line.strip_prefix(b"data:") else {
+        let Some(r) = data_of(line) else {
             continue;
         };
-        let skip = 5 + usize::from(rest.first() == Some(&b' '));
-        let r = line_start + skip..line_start + line.len();
+        let r = line_start + r.start..line_start + r.end;
         match &first {
             None => first = Some(r),
             Some(f) => {
@@ -105,10 +109,17 @@ fn event_data(buf: &[u8], event: Range<usize>, joined: &mut String) -> Option<Da
         }
     }
     match first {
-        None => None,
         Some(_) if several => Some(Data::Joined),
-        Some(r) => Some(Data::Line(r)),
+        first => first.map(Data::Line),
     }
+}
+
+/// The data of a `data:` line (`\r` and one space after the colon left out), as a range of it.
+fn data_of(line: &[u8]) -> Option<Range<usize>> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let rest = line.strip_prefix(b"data:")?;
+    let skip = 5 + usize::from(rest.first() == Some(&b' '));
+    Some(skip..line.len())
 }
 
 /// Position of the blank line ending the first event, and the separator's length.
@@ -144,6 +155,15 @@ mod tests {
         let mut p = SseParser::new();
         let got = p.feed(b": ping\r\n\r\ndata: x\r\n\r\n");
         assert_eq!(got, vec!["x"]);
+    }
+
+    #[test]
+    fn data_lines_are_joined_and_other_fields_skipped() {
+        let mut p = SseParser::new();
+        let got =
+            p.feed(b"data: a\ndata:b\r\n\nevent: x\ndata: y\n\nid: 1\n\ndata: \xff z\n\ndata\n\n");
+        assert_eq!(got, vec!["a\nb", "y", "\u{fffd} z"]);
+        assert_eq!(p.pending(), 0);
     }
 
     proptest! {

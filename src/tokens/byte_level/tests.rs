@@ -13,12 +13,19 @@ fn tokenizer() -> Tokenizer {
             byte_chars[b as usize] = c;
         }
     }
-    let written = |bytes: &[u8]| -> String { bytes.iter().map(|&b| byte_chars[b as usize]).collect() };
+    let written =
+        |bytes: &[u8]| -> String { bytes.iter().map(|&b| byte_chars[b as usize]).collect() };
     let mut vocab: Map<String, Value> = Map::new();
     for b in 0..=255u8 {
         vocab.insert(written(&[b]), vocab.len().into());
     }
-    for word in [" hello", "\u{e9}", "\u{4f60}", "\u{1f600}", " \u{4f60}\u{597d}"] {
+    for word in [
+        " hello",
+        "\u{e9}",
+        "\u{4f60}",
+        "\u{1f600}",
+        " \u{4f60}\u{597d}",
+    ] {
         vocab.insert(written(word.as_bytes()), vocab.len().into());
     }
     // Parts of a character: its first two bytes, its last two.

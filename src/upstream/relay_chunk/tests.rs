@@ -89,7 +89,10 @@ fn chunks_read_as_they_say() {
         (r#"[{"choices":[{"token_ids":[1]}]}]"#, RelayChunk::Empty),
         (r#""text""#, RelayChunk::Empty),
         // `choices` as an object is read at its "0" key.
-        (r#"{"choices":{"0":{"text":"x","token_ids":[5]}}}"#, ids(&[5])),
+        (
+            r#"{"choices":{"0":{"text":"x","token_ids":[5]}}}"#,
+            ids(&[5]),
+        ),
         // A repeated key counts by its last value.
         (
             r#"{"choices":[{"token_ids":[1]}],"choices":[{"token_ids":[2]}]}"#,
@@ -140,7 +143,12 @@ fn top_logprobs_when_asked() {
 
 #[test]
 fn only_json_that_does_not_parse_is_an_error() {
-    for bad in ["{not json", r#"{"choices":[]} x"#, r#"{"choices":[{"token_ids":[1}]}"#, ""] {
+    for bad in [
+        "{not json",
+        r#"{"choices":[]} x"#,
+        r#"{"choices":[{"token_ids":[1}]}"#,
+        "",
+    ] {
         assert!(read(bad, false).is_err(), "{bad}");
     }
 }
