@@ -1,9 +1,9 @@
 //! Detokenizing for tokenizers whose decoder is ByteLevel alone (the GPT-2 scheme: Llama 3,
-//! Qwen, Mistral's newer models): each token stands for fixed bytes, so the text of ids is
-//! their bytes joined, read as lossy UTF-8. A table of those bytes replays the steps of the
-//! tokenizers crate's `DecodeStream` with the same outputs, without its work per token
-//! (two decodes through the tokenizer, each building token strings and mapping every
-//! character through a hash map): most of a relayed token's detokenizing cost.
+//! Qwen): each token stands for fixed bytes, so the text of ids is their bytes joined, read
+//! as lossy UTF-8. A table of those bytes replays the steps of the tokenizers crate's
+//! `DecodeStream` with the same outputs, without its work per token (two decodes through
+//! the tokenizer, each building token strings and mapping every character through a hash
+//! map), which was most of a relayed token's detokenizing cost.
 
 use tokenizers::{DecoderWrapper, Tokenizer};
 

@@ -43,7 +43,10 @@ impl IdleBounded {
     /// Waiting on: has the wait outlasted `idle`? Moves the timer to the wait's deadline
     /// when it fired before it (and registers it again).
     fn poll_idle(&mut self, cx: &mut Context<'_>, since: Instant) -> Poll<()> {
-        let deadline = since + self.idle;
+        // A bound past the clock's range never ends the wait (the body wakes the task).
+        let Some(deadline) = since.checked_add(self.idle) else {
+            return Poll::Pending;
+        };
         loop {
             if self.timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
