@@ -181,8 +181,10 @@ impl DraftSet {
 #[derive(Debug, Clone)]
 pub struct DraftRequest {
     pub stream: StreamId,
-    /// Full token context: prompt + accepted output so far.
-    pub context: Vec<u32>,
+    /// Full token context: prompt + accepted output so far. Shared with the stream, which
+    /// copies it only if it grows while a drafter still holds it (a shadow proposal per
+    /// relayed token copies nothing).
+    pub context: Arc<Vec<u32>>,
     /// Index in `context` where generated output starts.
     pub prompt_len: usize,
     /// Propose at most this many tokens (may be fewer, even zero).

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::reasoning::{Split, StreamSplit};
 use super::tools::{StreamDelta, ToolPiece, ToolStream};
-use crate::tokens::{Detokenizer, StopMatcher, StopOutcome};
+use crate::tokens::{Detokenizer, StopMatcher};
 use crate::upstream::verify::Sample;
 
 /// Why a generation ended, as OpenAI's `finish_reason` names it.
@@ -184,15 +184,11 @@ impl<'t> Generation<'t> {
             .is_some_and(|f| f.reason == FinishReason::Stop);
         if !stop_terminated || self.limits.include_stop_str {
             let piece = self.detok.step(id);
-            match self.stops.push(&piece) {
-                StopOutcome::Continue(t) => released.push_str(&t),
-                StopOutcome::Stopped(t, s) => {
-                    released.push_str(&t);
-                    return Some(Finish {
-                        reason: FinishReason::Stop,
-                        stop_reason: Value::from(s),
-                    });
-                }
+            if let Some(s) = self.stops.push_into(&piece, released) {
+                return Some(Finish {
+                    reason: FinishReason::Stop,
+                    stop_reason: Value::from(s),
+                });
             }
         }
         if engine_stop.is_some() {
@@ -273,6 +269,9 @@ pub fn parse_step(
     last: bool,
 ) -> (Split, Option<StreamDelta>) {
     let mut step = Split::default();
+    if reasoning.is_none() && tools.is_none() {
+        return (step, None);
+    }
     let mut content = Some(text);
     let mut raw = None;
     let mut ids = vec![id];

@@ -1,6 +1,7 @@
 //! Token-level text handling: the model's tokenizer, incremental detokenization of the
 //! generated ids (equal to the upstream's own text for the same ids), and stop strings.
 
+pub mod byte_level;
 pub mod locate;
 pub mod tiktoken;
 
@@ -8,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tokenizers::Tokenizer;
+
+use byte_level::{ByteStream, ByteTable};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -36,6 +39,8 @@ pub struct ModelTokenizer {
     /// (`spaces_between_special_tokens`), which specd does not reproduce: requests that
     /// keep special tokens pass through.
     pub spaced_specials: bool,
+    /// The bytes of every token, for a ByteLevel tokenizer (detokenized by table).
+    pub bytes: Option<ByteTable>,
 }
 
 impl ModelTokenizer {
@@ -103,6 +108,7 @@ impl ModelTokenizer {
         let extra_eos_ids = gen_ids.into_iter().filter(|&i| Some(i) != eos_id).collect();
         let vocab_size = tokenizer.get_vocab_size(true);
         Ok(ModelTokenizer {
+            bytes: ByteTable::of(&tokenizer),
             tokenizer,
             eos_id,
             extra_eos_ids,
@@ -117,6 +123,7 @@ impl ModelTokenizer {
     pub fn from_tokenizer(tokenizer: Tokenizer) -> Self {
         ModelTokenizer {
             vocab_size: tokenizer.get_vocab_size(true),
+            bytes: ByteTable::of(&tokenizer),
             tokenizer,
             eos_id: None,
             extra_eos_ids: Vec::new(),
@@ -174,24 +181,49 @@ fn collect_ids(v: Option<&Value>, out: &mut Vec<u32>) {
     }
 }
 
-/// Incremental detokenizer over the tokenizers crate's `DecodeStream`, primed with a
-/// prompt suffix the way vLLM primes its own, so the text of every generated token
-/// (leading spaces, multi-byte characters held back until complete) matches the upstream's.
+/// Incremental detokenizer over the tokenizers crate's `DecodeStream` (or its replay over
+/// a byte table, see `byte_level`), primed with a prompt suffix the way vLLM primes its
+/// own, so the text of every generated token (leading spaces, multi-byte characters held
+/// back until complete) matches the upstream's.
 pub struct Detokenizer<'t> {
-    stream: tokenizers::DecodeStream<
-        't,
-        tokenizers::ModelWrapper,
-        tokenizers::NormalizerWrapper,
-        tokenizers::PreTokenizerWrapper,
-        tokenizers::PostProcessorWrapper,
-        tokenizers::DecoderWrapper,
-    >,
+    stream: Stream<'t>,
     /// Tokens the tokenizer failed to decode (their text is missing from the output).
     errors: u64,
 }
 
+enum Stream<'t> {
+    Tokenizer(
+        tokenizers::DecodeStream<
+            't,
+            tokenizers::ModelWrapper,
+            tokenizers::NormalizerWrapper,
+            tokenizers::PreTokenizerWrapper,
+            tokenizers::PostProcessorWrapper,
+            tokenizers::DecoderWrapper,
+        >,
+    ),
+    Bytes(ByteStream<'t>),
+}
+
 impl<'t> Detokenizer<'t> {
+    /// For the model's tokenizer: by its byte table when it has one.
+    pub fn for_model(model: &'t ModelTokenizer, skip_special: bool, prompt: &[u32]) -> Self {
+        let stream = match &model.bytes {
+            Some(t) => Stream::Bytes(ByteStream::new(t, skip_special)),
+            None => Stream::Tokenizer(model.tokenizer.decode_stream(skip_special)),
+        };
+        Self::primed(stream, &model.tokenizer, prompt)
+    }
+
     pub fn new(tok: &'t Tokenizer, skip_special: bool, prompt: &[u32]) -> Self {
+        Self::primed(
+            Stream::Tokenizer(tok.decode_stream(skip_special)),
+            tok,
+            prompt,
+        )
+    }
+
+    fn primed(stream: Stream<'t>, tok: &Tokenizer, prompt: &[u32]) -> Self {
         let mut suffix = prompt;
         if prompt.len() > 4 {
             for i in 4..(prompt.len() + 1).min(24) {
@@ -205,17 +237,24 @@ impl<'t> Detokenizer<'t> {
                 }
             }
         }
-        let mut stream = tok.decode_stream(skip_special);
+        let mut d = Detokenizer { stream, errors: 0 };
         for &id in suffix {
-            let _ = stream.step(id);
+            let _ = d.next(id);
         }
-        Detokenizer { stream, errors: 0 }
+        d
+    }
+
+    fn next(&mut self, id: u32) -> Result<Option<String>, String> {
+        match &mut self.stream {
+            Stream::Tokenizer(s) => s.step(id).map_err(|e| e.to_string()),
+            Stream::Bytes(s) => s.step(id).map_err(|e| e.to_string()),
+        }
     }
 
     /// Text added by `id` (possibly empty while a character is incomplete).
     /// A token that fails to decode adds no text; it is logged and counted (`errors`).
     pub fn step(&mut self, id: u32) -> String {
-        match self.stream.step(id) {
+        match self.next(id) {
             Ok(t) => t.unwrap_or_default(),
             Err(e) => {
                 self.errors += 1;
@@ -265,6 +304,21 @@ impl StopMatcher {
     }
 
     pub fn push(&mut self, text: &str) -> StopOutcome {
+        let mut out = String::new();
+        match self.push_into(text, &mut out) {
+            Some(s) => StopOutcome::Stopped(out, s),
+            None => StopOutcome::Continue(out),
+        }
+    }
+
+    /// `push`, appending the text safe to send to `out`: `Some` with the matched stop
+    /// string when one matched (`out` then ends where the output ends).
+    pub fn push_into(&mut self, text: &str, out: &mut String) -> Option<String> {
+        if self.stops.is_empty() {
+            // Nothing is ever held back: no copy through `pending`.
+            out.push_str(text);
+            return None;
+        }
         self.pending.push_str(text);
         // Earliest match wins, as the upstream scans the text in order.
         let mut best: Option<(usize, &String)> = None;
@@ -277,21 +331,18 @@ impl StopMatcher {
         }
         if let Some((i, s)) = best {
             let end = if self.include_stop { i + s.len() } else { i };
-            let out = self.pending[..end].to_string();
+            out.push_str(&self.pending[..end]);
             let s = s.clone();
             self.pending.clear();
-            return StopOutcome::Stopped(out, s);
-        }
-        if self.stops.is_empty() {
-            return StopOutcome::Continue(std::mem::take(&mut self.pending));
+            return Some(s);
         }
         let mut cut = self.pending.len().saturating_sub(self.hold);
         while !self.pending.is_char_boundary(cut) {
             cut -= 1;
         }
-        let out = self.pending[..cut].to_string();
+        out.push_str(&self.pending[..cut]);
         self.pending.drain(..cut);
-        StopOutcome::Continue(out)
+        None
     }
 
     /// Text still held back, released when generation ends for another reason.

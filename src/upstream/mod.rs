@@ -2,6 +2,7 @@
 //! makes to it (tokenize, verify, relay).
 
 pub mod detect;
+mod idle;
 pub mod load;
 pub mod prom_text;
 pub mod relay_chunk;
@@ -16,9 +17,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::stream::BoxStream;
-use futures_util::StreamExt;
 use http::HeaderValue;
 use reqwest::Client;
 use serde_json::Value;
@@ -370,32 +368,8 @@ impl Upstream {
     /// The body of a streamed answer, chunk by chunk. Waiting longer than the verify
     /// timeout for the next chunk is an error: a stalled upstream fails the stream
     /// instead of hanging it.
-    pub fn stream_chunks(
-        self: &Arc<Self>,
-        resp: reqwest::Response,
-    ) -> BoxStream<'static, Result<Bytes, ApiError>> {
-        let idle = self.verify_timeout;
-        let up = self.clone();
-        futures_util::stream::unfold(Some(resp.bytes_stream()), move |body| {
-            let up = up.clone();
-            async move {
-                let mut body = body?;
-                match tokio::time::timeout(idle, body.next()).await {
-                    Ok(Some(Ok(b))) => Some((Ok(b), Some(body))),
-                    Ok(Some(Err(e))) => Some((Err(up.map_send_error(e)), None)),
-                    Ok(None) => None,
-                    Err(_) => {
-                        up.count_error("timeout");
-                        let e = ApiError::UpstreamTimeout(format!(
-                            "no data from the upstream for {}s",
-                            idle.as_secs_f64()
-                        ));
-                        Some((Err(e), None))
-                    }
-                }
-            }
-        })
-        .boxed()
+    pub fn stream_chunks(self: &Arc<Self>, resp: reqwest::Response) -> idle::IdleBounded {
+        idle::IdleBounded::new(self.clone(), resp, self.verify_timeout)
     }
 
     pub fn count_error(&self, kind: &'static str) {

@@ -296,11 +296,12 @@ impl VllmBackend {
                         return;
                     }
                 };
-                for data in parser.feed(&chunk) {
+                parser.push(&chunk);
+                while let Some(data) = parser.next_data() {
                     if data == "[DONE]" {
                         return;
                     }
-                    let err = match relay_chunk::read(&data, want_top) {
+                    let err = match relay_chunk::read(data, want_top) {
                         Ok(RelayChunk::Samples(samples)) => {
                             for s in samples {
                                 tx.send(Ok(s)).await;

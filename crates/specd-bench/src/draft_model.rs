@@ -160,7 +160,7 @@ pub async fn check_reference(d: &ModelDrafter, cases: &[RefCase], tol: Tolerance
     let props = join_all(cases.iter().enumerate().map(|(i, c)| {
         d.propose(DraftRequest {
             stream: 1000 + i as u64,
-            context: c.context.clone(),
+            context: c.context.clone().into(),
             prompt_len: c.context.len(),
             max_k: c.greedy.len(),
         })
@@ -191,7 +191,7 @@ pub async fn check_reference(d: &ModelDrafter, cases: &[RefCase], tol: Tolerance
         let what = format!("sequential step {n} (case {i})");
         let req = DraftRequest {
             stream: 1,
-            context: c.context.clone(),
+            context: c.context.clone().into(),
             prompt_len: c.context.len(),
             max_k: c.greedy.len(),
         };
@@ -308,7 +308,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let req = |s: usize, ctx: Vec<u32>, k: usize| DraftRequest {
             stream: base + s as u64,
             prompt_len: ctx.len(),
-            context: ctx,
+            context: ctx.into(),
             max_k: k,
         };
         // Warm up: prefill every prompt and capture whatever the engine captures.

@@ -87,7 +87,7 @@ pub async fn run(a: XvocabArgs) -> anyhow::Result<()> {
     for (i, p) in prompts.iter().enumerate() {
         let req = DraftRequest {
             stream: i as u64,
-            context: p.clone(),
+            context: p.clone().into(),
             prompt_len: p.len(),
             max_k: a.tokens,
         };
@@ -118,7 +118,7 @@ pub async fn run(a: XvocabArgs) -> anyhow::Result<()> {
                 let k = a.k.min(truth.len() - pos);
                 let req = DraftRequest {
                     stream: 1000 + i as u64,
-                    context: ctx,
+                    context: ctx.into(),
                     prompt_len: p.len(),
                     max_k: k,
                 };

@@ -200,7 +200,7 @@ fn handle(
             }
             waiting.push_back(Job {
                 stream: req.stream,
-                context: req.context,
+                context: Arc::unwrap_or_clone(req.context),
                 max_k,
                 want: Want::Proposal(reply),
             });
@@ -435,7 +435,7 @@ mod tests {
         let (reply, rx) = oneshot::channel();
         let req = DraftRequest {
             stream: 7,
-            context: ctx,
+            context: Arc::new(ctx),
             prompt_len: 1,
             max_k: k,
         };

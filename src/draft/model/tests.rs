@@ -138,7 +138,7 @@ fn contexts() -> Vec<Vec<u32>> {
 fn req(stream: u64, context: &[u32], max_k: usize) -> DraftRequest {
     DraftRequest {
         stream,
-        context: context.to_vec(),
+        context: context.to_vec().into(),
         prompt_len: context.len(),
         max_k,
     }

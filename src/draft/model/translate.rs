@@ -193,7 +193,7 @@ impl Translator {
         let dreq = DraftRequest {
             stream: req.stream,
             prompt_len: d.min(req.prompt_len),
-            context: st.draft.clone(),
+            context: Arc::new(st.draft.clone()),
             max_k,
         };
         drop(streams);

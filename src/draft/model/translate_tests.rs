@@ -44,7 +44,7 @@ fn ids(tok: &ModelTokenizer, text: &str) -> Vec<u32> {
 fn req(context: &[u32], max_k: usize) -> DraftRequest {
     DraftRequest {
         stream: 1,
-        context: context.to_vec(),
+        context: context.to_vec().into(),
         prompt_len: 1,
         max_k,
     }
@@ -98,11 +98,11 @@ fn the_draft_context_follows_the_target_context_incrementally() {
         );
         let common = prev
             .iter()
-            .zip(&d.context)
+            .zip(d.context.iter())
             .take_while(|(a, b)| a == b)
             .count();
         reencoded += d.context.len() - common;
-        prev = d.context;
+        prev = d.context.to_vec();
     }
     // A full re-encode per step would be ~len²/2 tokens.
     assert!(

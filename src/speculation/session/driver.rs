@@ -19,7 +19,8 @@ pub(super) struct Driver<'a> {
     pub(super) p: &'a SessionParams,
     pub(super) d: &'a SessionDeps,
     tx: &'a Outbox<Event>,
-    pub(super) ctx: Vec<u32>,
+    /// The context: shared with drafters while they draft (see `DraftRequest::context`).
+    pub(super) ctx: Arc<Vec<u32>>,
     pub(super) stats: Stats,
     /// The drafter of the current proposal.
     pub(super) drafter: DrafterKind,
@@ -49,7 +50,7 @@ impl<'a> Driver<'a> {
             p,
             d,
             tx,
-            ctx: p.prompt.clone(),
+            ctx: Arc::new(p.prompt.clone()),
             stats: Stats::new(p.prompt.len() as u32, d.drafters.choice(), p.mode),
             drafter,
             alternatives: Vec::new(),
@@ -79,7 +80,7 @@ impl<'a> Driver<'a> {
     }
 
     /// A draft request for `context` (the stream's context, or it plus pending drafts).
-    pub(super) fn draft_request(&self, context: Vec<u32>, max_k: usize) -> DraftRequest {
+    pub(super) fn draft_request(&self, context: Arc<Vec<u32>>, max_k: usize) -> DraftRequest {
         DraftRequest {
             stream: self.p.stream,
             context,
@@ -226,8 +227,9 @@ impl<'a> Driver<'a> {
         samples: impl IntoIterator<Item = Sample>,
     ) -> Result<Option<Finish>, ApiError> {
         let mut finish = None;
+        let ctx = Arc::make_mut(&mut self.ctx);
         for s in samples {
-            self.ctx.push(s.id);
+            ctx.push(s.id);
             if let Some(f) = gen.push(s) {
                 finish = Some(f);
                 break;

@@ -93,7 +93,7 @@ fn limits(p: &SessionParams, d: &SessionDeps) -> Limits {
 async fn run(p: SessionParams, d: SessionDeps, tx: Outbox<Event>) {
     let started = Instant::now();
     let _active = d.controller.enter();
-    let detok = Detokenizer::new(&d.tokenizer.tokenizer, p.skip_special_tokens, &p.prompt);
+    let detok = Detokenizer::for_model(&d.tokenizer, p.skip_special_tokens, &p.prompt);
     let mut gen = Generation::new(limits(&p, &d), detok, p.stop.clone());
     if let Some(r) = &p.reasoning {
         gen = gen.with_reasoning(r.stream(&p.prompt));

@@ -2,6 +2,7 @@
 //! verify call (with the next draft overlapped), acceptance, emission, and the round's
 //! measurements.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::driver::{cut, usable, Driver};
@@ -185,9 +186,10 @@ async fn verify_overlapped(
     if !overlap {
         return (verify.await, None);
     }
-    let mut next_ctx = l.ctx.clone();
+    let mut next_ctx = Vec::with_capacity(l.ctx.len() + drafts.len());
+    next_ctx.extend_from_slice(&l.ctx);
     next_ctx.extend_from_slice(drafts);
-    let req = l.draft_request(next_ctx, l.p.k_max);
+    let req = l.draft_request(Arc::new(next_ctx), l.p.k_max);
     let (drafter, ctl) = (l.chosen(), &l.d.controller);
     let pre = async move {
         let t = ctl.now();

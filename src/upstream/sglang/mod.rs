@@ -445,11 +445,12 @@ impl SglangBackend {
                         return;
                     }
                 };
-                for data in parser.feed(&chunk) {
+                parser.push(&chunk);
+                while let Some(data) = parser.next_data() {
                     if data == "[DONE]" {
                         return;
                     }
-                    let new = match relay_chunk(&data, seen, incremental, logprobs) {
+                    let new = match relay_chunk(data, seen, incremental, logprobs) {
                         Ok(s) => s,
                         Err(e) => {
                             up.count_error("protocol");
