@@ -209,7 +209,8 @@ impl Controller {
         s.streak = 0;
         // Near the end of a generation the round is short because the cap is, not because
         // speculation is marginal: that does not make T_dec worth a probe.
-        let hinges = b.speedup(dec) < DEC_HINGES && remaining >= 2 * K_TRACKED;
+        let hinges =
+            (b.speedup(dec) < DEC_HINGES || x.costs.dec_suspect) && remaining >= 2 * K_TRACKED;
         let every = self.costs.decode_probe_every(hinges);
         if x.costs.dec_age > every.as_secs_f64()
             && self

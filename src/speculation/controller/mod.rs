@@ -119,7 +119,9 @@
 //! its verify cost is stale, one relaying stream runs a verify round if an optimistic
 //! estimate says it could pay — the older the estimate, the more optimistic (a verify
 //! cost measured in a load spike must not keep speculation off for good). A few rounds
-//! try another K than the best (`explore`), so neighbouring K stay measured.
+//! try another K than the best (`explore`), so neighbouring K stay measured; the batch
+//! explores together (`Batch::explore`: beside the batch's steps one stream's other K
+//! would measure the batch's K, since a verify's time is recorded at it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
