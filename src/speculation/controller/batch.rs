@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::decide::SWITCH_HORIZON;
 
@@ -44,6 +45,9 @@ pub(super) struct Batch {
     /// Decode-cost probes relaying now. Plain decoding cannot be measured beside verify
     /// steps (those gaps are skipped), so while one probes, the whole batch relays.
     probing: AtomicUsize,
+    /// An exploring round in force: the offset from each stream's best K, and until when
+    /// streams starting a round follow it.
+    explore: Mutex<Option<(isize, Instant)>>,
 }
 
 /// Counts a decode-cost probe while it lives.
@@ -82,6 +86,27 @@ impl Batch {
     pub(super) fn probe(self: &Arc<Self>) -> Probe {
         self.probing.fetch_add(1, Ordering::Relaxed);
         Probe(self.clone())
+    }
+
+    /// The batch explores together: a step costs what all its drafts cost, so one stream
+    /// verifying another K beside the batch measures the batch's K, not its own. While an
+    /// exploration is in force, the offset from the best K it explores; otherwise `start`
+    /// (the caller's own draw) may begin one, for streams starting rounds within `window`.
+    pub(super) fn explore(
+        &self,
+        now: Instant,
+        window: Duration,
+        start: impl FnOnce() -> Option<isize>,
+    ) -> Option<isize> {
+        let mut g = self.explore.lock().ok()?;
+        if let Some((d, until)) = *g {
+            if now < until {
+                return Some(d);
+            }
+        }
+        let d = start()?;
+        *g = Some((d, now + window));
+        Some(d)
     }
 
     /// A decode-cost probe is relaying: every stream relays with it.

@@ -98,6 +98,11 @@ impl Level {
     pub(super) fn has_ver(&self) -> bool {
         self.ver.iter().any(|e| e.n > 0)
     }
+    /// The cheapest verify cost measured at this level: a decode step does no more work
+    /// than a verify call at the same load, so no more than this.
+    pub(super) fn ver_min(&self) -> Option<f64> {
+        self.ver.iter().filter_map(Ewma::get).min_by(f64::total_cmp)
+    }
     /// T_ver(k) from this level's measurements: measured, interpolated, or extrapolated.
     pub(super) fn ver_at(&self, k: usize) -> Option<f64> {
         let k = k.min(K_TRACKED);
@@ -208,6 +213,9 @@ pub(super) struct Costs {
     pub(super) ver: Vec<Option<f64>>,
     /// Seconds since the level's decode cost was last sampled (infinite if never).
     pub(super) dec_age: f64,
+    /// The decode cost is near the cheapest verify cost, which it cannot really be: a
+    /// window that caught a stall, to re-measure soon.
+    pub(super) dec_suspect: bool,
     /// Probe intervals since the verify cost was last measured at this level (0 while
     /// fresh; infinite if never).
     pub(super) ver_staleness: f64,
@@ -314,6 +322,19 @@ impl CostModel {
                 Some(v) => per_token.min(2.0 * v),
                 None => per_token,
             };
+            // Nor can a decode step cost what a verify call costs (`SUSPECT`): a first
+            // window that caught a stall made plain decoding look 4× slower than it was,
+            // and the streams verified hopeless drafts until the probe interval. Such an
+            // estimate is replaced, not averaged with, and a sample is capped there.
+            let x = match l.ver_min() {
+                Some(b) => {
+                    if l.dec.get().is_some_and(|v| v >= SUSPECT * b * 0.999) {
+                        l.dec = Ewma::default();
+                    }
+                    x.min(SUSPECT * b)
+                }
+                None => x,
+            };
             // Windows of many streams arrive together: the mean moves at most as fast as
             // one stream's windows would move it.
             let pace = f64::from(DECODE_WINDOW) * l.dec.get().unwrap_or(per_token);
@@ -381,6 +402,10 @@ impl CostModel {
             dec_age: g[dl].dec.at.map_or(f64::INFINITY, |t| {
                 now.saturating_duration_since(t).as_secs_f64()
             }),
+            dec_suspect: match (dec, g[dl].ver_min()) {
+                (Some(d), Some(b)) => d >= SUSPECT * b * 0.999,
+                _ => false,
+            },
             ver_staleness: staleness(&g[vl].ver, age, now),
         }
     }
@@ -427,6 +452,10 @@ pub(super) enum Probe {
     Verify,
     Decode(Duration),
 }
+
+/// A decode cost above this share of the cheapest verify cost at its level is not
+/// believed (a verify ≈ 2.5 decode steps in the field, 2.4 in the harness's model).
+const SUSPECT: f64 = 0.8;
 
 /// Under this estimated speedup, a decision hinges on T_dec: a decode cost a sixth lower
 /// would make relaying win.

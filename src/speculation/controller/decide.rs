@@ -1,6 +1,8 @@
 //! The decision rule (module documentation of `controller`): what a speculating stream
 //! does with its next proposal, and whether a relaying stream leaves relay.
 
+use std::time::Duration;
+
 use super::batch::Weigh;
 use super::costs::{expected_tokens, Best, Costs, Probe, DEC_HINGES, STALE_TRUST};
 use super::{Controller, Decision, StreamCtl, K_TRACKED};
@@ -207,7 +209,8 @@ impl Controller {
         s.streak = 0;
         // Near the end of a generation the round is short because the cap is, not because
         // speculation is marginal: that does not make T_dec worth a probe.
-        let hinges = b.speedup(dec) < DEC_HINGES && remaining >= 2 * K_TRACKED;
+        let hinges =
+            (b.speedup(dec) < DEC_HINGES || x.costs.dec_suspect) && remaining >= 2 * K_TRACKED;
         let every = self.costs.decode_probe_every(hinges);
         if x.costs.dec_age > every.as_secs_f64()
             && self
@@ -216,13 +219,19 @@ impl Controller {
         {
             return Decision::Relay { probe: true };
         }
-        if kp >= 2 && s.rng.f64() < self.cfg.explore {
-            // Only a K that could plausibly be the best is worth a round to measure.
-            let k = neighbour(&mut s.rng, b.k, kp);
-            let rate = |r: &Best| r.tokens / r.time;
-            let near = x.costs.round(&x.p, x.t_draft, k, x.others, x.spec);
-            if near.is_some_and(|n| rate(&n) >= EXPLORE_WITHIN * rate(b)) {
-                return Decision::Speculate(k);
+        if kp >= 2 {
+            // The batch explores together (`Batch::explore`); only a K that could
+            // plausibly be the best is worth a round to measure.
+            let window = Duration::from_secs_f64(b.time / 2.0);
+            let (rng, p) = (&mut s.rng, self.cfg.explore);
+            let start = || (rng.f64() < p).then(|| neighbour(rng, b.k, kp) as isize - b.k as isize);
+            if let Some(d) = self.batch.explore(self.now(), window, start) {
+                let k = (b.k as isize + d).clamp(1, kp as isize) as usize;
+                let rate = |r: &Best| r.tokens / r.time;
+                let near = x.costs.round(&x.p, x.t_draft, k, x.others, x.spec);
+                if k != b.k && near.is_some_and(|n| rate(&n) >= EXPLORE_WITHIN * rate(b)) {
+                    return Decision::Speculate(k);
+                }
             }
         }
         Decision::Speculate(b.k)

@@ -67,7 +67,10 @@
 //!   verify step slows the whole batch, and that is charged to the round as L(k). A
 //!   sample moves the mean and the envelope at most as far as one stream's samples would
 //!   in the time since the previous one: many streams relaying at once must not make
-//!   "slow to rise" fast.
+//!   "slow to rise" fast. A decode step does no more work than a verify call at the same
+//!   load: a decode cost above 0.8 of the cheapest verify cost of its level (a window
+//!   that caught a stall, with nothing yet to clip it against) is capped there, replaced
+//!   by the next window, and re-probed as where the decision hinges on it.
 //! - T_ver(k), by the number of streams speculating at once, from every verify call (at
 //!   the drafts per call of the verify calls that shared its steps: a step costs what all
 //!   its drafts cost, whatever the stream's own K), and
@@ -119,7 +122,9 @@
 //! its verify cost is stale, one relaying stream runs a verify round if an optimistic
 //! estimate says it could pay — the older the estimate, the more optimistic (a verify
 //! cost measured in a load spike must not keep speculation off for good). A few rounds
-//! try another K than the best (`explore`), so neighbouring K stay measured.
+//! try another K than the best (`explore`), so neighbouring K stay measured; the batch
+//! explores together (`Batch::explore`: beside the batch's steps one stream's other K
+//! would measure the batch's K, since a verify's time is recorded at it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

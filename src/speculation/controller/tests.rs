@@ -431,3 +431,17 @@ fn an_old_verify_cost_is_trusted_less_and_less() {
     assert_eq!(resume(), Some(8), "eight intervals old: re-measured");
     assert_eq!(resume(), None, "one probe per interval");
 }
+
+#[test]
+fn a_decode_cost_as_high_as_a_verify_is_not_believed() {
+    let c = ctl();
+    c.record_verify(4, 1, ms(30.0));
+    // A first window that caught a stall: capped below the verify cost, and flagged.
+    c.record_decode(1, 0.049);
+    let d = c.decode_cost_estimate(1).unwrap_or(0.0);
+    assert!(d <= 0.8 * 0.030 + 1e-9, "{d}");
+    // The next window replaces it instead of being averaged with it.
+    c.record_decode(1, 0.012);
+    let d = c.decode_cost_estimate(1).unwrap_or(0.0);
+    assert!((d - 0.012).abs() < 1e-9, "{d}");
+}
