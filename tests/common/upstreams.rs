@@ -220,3 +220,42 @@ fn named_upstream(model: &str, served: &str, extra: &str) -> String {
     urls.insert(served.to_string(), url.clone());
     url
 }
+
+/// URL of a real SGLang serving the `agent-tools` model in float32 with
+/// `--reasoning-parser deepseek-r1 --tool-call-parser hermes`
+/// (`SPECD_TEST_SGLANG_TOOLS_UPSTREAM`, else started by scripts/sglang-cpu-upstream.sh as
+/// its own named server, reused across test processes).
+#[allow(dead_code)]
+pub fn sglang_tools_upstream() -> String {
+    if let Ok(u) = std::env::var("SPECD_TEST_SGLANG_TOOLS_UPSTREAM") {
+        return u;
+    }
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("bash")
+        .arg(format!("{root}/scripts/sglang-cpu-upstream.sh"))
+        .arg("start")
+        .env("SPECD_SGLANG_MODEL", "agent-tools")
+        .env("SPECD_SGLANG_SERVED_NAME", SGLANG_TOOLS_SERVED)
+        .env(
+            "SPECD_SGLANG_EXTRA_ARGS",
+            "--dtype float32 --reasoning-parser deepseek-r1 --tool-call-parser hermes",
+        )
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/sglang-cpu-upstream.sh");
+    assert!(
+        out.status.success(),
+        "the SGLang tools upstream did not start"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("UPSTREAM="))
+        .expect("script prints UPSTREAM=")
+        .trim()
+        .to_string()
+}
+
+#[allow(dead_code)]
+pub const SGLANG_TOOLS_SERVED: &str = "specd-sglang-agent-tools-hermes-deepseek-r1";

@@ -106,6 +106,7 @@ fn setup(f: &Fixture, c: &Case) -> Setup {
             grammar: Arc::new(grammar),
             declared,
         })),
+        sglang: None,
     };
     let reasoning = with_reasoning.then(|| {
         let n2 = names.clone();
