@@ -101,7 +101,7 @@ fn truthy(v: &PyValue) -> bool {
     match v {
         PyValue::Null => false,
         PyValue::Bool(b) => *b,
-        PyValue::Int(s) => s.trim_start_matches('-').trim_start_matches('0') != "",
+        PyValue::Int(s) => !s.trim_start_matches('-').trim_start_matches('0').is_empty(),
         PyValue::Float(f) => *f != 0.0,
         PyValue::Str(s) => !s.is_empty(),
         PyValue::List(l) => !l.is_empty(),
@@ -213,9 +213,13 @@ impl Stream {
             strings: self.name_sent,
         };
         let (mut obj, end_chars) = partial_json::loads(&current[start..], allow).ok()?;
+        // Anything but an object fails one of the parser's lookups: an empty step.
+        if !matches!(obj, PyValue::Dict(_)) {
+            return None;
+        }
         let end = char_to_byte(&current[start..], end_chars);
-        let complete = pyjson::loads(&current[start..start + end]).is_some()
-            && orjson_strict(&current[start..start + end]);
+        let complete =
+            pyjson::loads(&current[start..start + end]).is_some_and(|v| orjson_reads(&v));
         if let Some(name) = obj.get("name") {
             let known = matches!(name, PyValue::Str(n) if self.names.contains(n));
             if !known {
@@ -311,9 +315,16 @@ impl Stream {
     }
 }
 
-/// orjson is stricter than `json.loads`: no `NaN` or `Infinity`.
-fn orjson_strict(s: &str) -> bool {
-    !(s.contains("NaN") || s.contains("Infinity"))
+/// orjson (`_is_complete_json`) is stricter than `json.loads`: no `NaN`, `Infinity` or
+/// number beyond a double, no integer beyond 64 bits.
+fn orjson_reads(v: &PyValue) -> bool {
+    match v {
+        PyValue::Float(f) => f.is_finite(),
+        PyValue::Int(i) => i.parse::<i64>().is_ok() || i.parse::<u64>().is_ok(),
+        PyValue::List(items) => items.iter().all(orjson_reads),
+        PyValue::Dict(kv) => kv.iter().all(|(_, v)| orjson_reads(v)),
+        _ => true,
+    }
 }
 
 fn char_to_byte(s: &str, chars: usize) -> usize {
