@@ -1,5 +1,6 @@
 //! Reasoning and tool calls through specd in front of a real SGLang started with
-//! `--reasoning-parser deepseek-r1 --tool-call-parser hermes`, serving the `agent-tools`
+//! `--tool-call-parser hermes` (with `--reasoning-parser deepseek-r1`, and alone), serving
+//! the `agent-tools`
 //! model (it reasons, writes hermes calls, and answers quoting the tool results it is
 //! given). specd reads the parsers from SGLang's `/server_info`: speculated chat answers
 //! must carry the same `reasoning_content`, content, tool calls (names and arguments;
@@ -17,7 +18,13 @@ use tool_chat::*;
 
 #[tokio::test]
 async fn tool_calls_and_reasoning_equal_direct_sglang() {
-    let up = sglang_tools_upstream();
+    let up = sglang_tools_upstream(true);
+    all_equal_direct_of(&up, &[], true).await;
+}
+
+#[tokio::test]
+async fn tool_calls_alone_equal_direct_sglang() {
+    let up = sglang_tools_upstream(false);
     all_equal_direct_of(&up, &[], true).await;
 }
 
@@ -44,7 +51,7 @@ async fn through(up: &str, specd: &Specd, body: &Value) -> (u64, bool) {
 
 #[tokio::test]
 async fn specd_flags_must_agree_with_sglangs_parsers() {
-    let up = sglang_tools_upstream();
+    let up = sglang_tools_upstream(true);
     let model = served_model(&up).await;
     let body = json!({"model": model, "messages": [user("What is the weather in Oslo?")],
                       "tools": tools(), "max_tokens": 40, "temperature": 0});

@@ -222,24 +222,30 @@ fn named_upstream(model: &str, served: &str, extra: &str) -> String {
 }
 
 /// URL of a real SGLang serving the `agent-tools` model in float32 with
-/// `--reasoning-parser deepseek-r1 --tool-call-parser hermes`
-/// (`SPECD_TEST_SGLANG_TOOLS_UPSTREAM`, else started by scripts/sglang-cpu-upstream.sh as
-/// its own named server, reused across test processes).
+/// `--tool-call-parser hermes` (and `--reasoning-parser deepseek-r1` with `reasoning`):
+/// `SPECD_TEST_SGLANG_TOOLS_UPSTREAM` (`SPECD_TEST_SGLANG_TOOLS_REASONING_UPSTREAM`), else
+/// started by scripts/sglang-cpu-upstream.sh as its own named server
+/// (`sglang_tools_served`), reused across test processes.
 #[allow(dead_code)]
-pub fn sglang_tools_upstream() -> String {
-    if let Ok(u) = std::env::var("SPECD_TEST_SGLANG_TOOLS_UPSTREAM") {
+pub fn sglang_tools_upstream(reasoning: bool) -> String {
+    let var = match reasoning {
+        false => "SPECD_TEST_SGLANG_TOOLS_UPSTREAM",
+        true => "SPECD_TEST_SGLANG_TOOLS_REASONING_UPSTREAM",
+    };
+    if let Ok(u) = std::env::var(var) {
         return u;
+    }
+    let mut extra = "--dtype float32 --tool-call-parser hermes".to_string();
+    if reasoning {
+        extra.push_str(" --reasoning-parser deepseek-r1");
     }
     let root = env!("CARGO_MANIFEST_DIR");
     let out = Command::new("bash")
         .arg(format!("{root}/scripts/sglang-cpu-upstream.sh"))
         .arg("start")
         .env("SPECD_SGLANG_MODEL", "agent-tools")
-        .env("SPECD_SGLANG_SERVED_NAME", SGLANG_TOOLS_SERVED)
-        .env(
-            "SPECD_SGLANG_EXTRA_ARGS",
-            "--dtype float32 --reasoning-parser deepseek-r1 --tool-call-parser hermes",
-        )
+        .env("SPECD_SGLANG_SERVED_NAME", sglang_tools_served(reasoning))
+        .env("SPECD_SGLANG_EXTRA_ARGS", extra)
         .stderr(Stdio::inherit())
         .output()
         .expect("run scripts/sglang-cpu-upstream.sh");
@@ -258,4 +264,9 @@ pub fn sglang_tools_upstream() -> String {
 }
 
 #[allow(dead_code)]
-pub const SGLANG_TOOLS_SERVED: &str = "specd-sglang-agent-tools-hermes-deepseek-r1";
+pub fn sglang_tools_served(reasoning: bool) -> &'static str {
+    match reasoning {
+        false => "specd-sglang-agent-tools-hermes",
+        true => "specd-sglang-agent-tools-hermes-deepseek-r1",
+    }
+}

@@ -70,3 +70,39 @@ fn tool_names(body: &Map<String, Value>) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn sglangs_parsing_switches_pass_through() {
+        assert!(!changes_parsing(&obj(json!({"separate_reasoning": true}))));
+        assert!(changes_parsing(&obj(json!({"separate_reasoning": false}))));
+        assert!(changes_parsing(&obj(json!({"stream_reasoning": false}))));
+        assert!(changes_parsing(&obj(
+            json!({"continue_final_message": true})
+        )));
+        let force = json!({"chat_template_kwargs": {"force_nonempty_content": true}});
+        assert!(changes_parsing(&obj(force)));
+        let in_msg = json!({"messages": [{"role": "system", "content": "", "tools": []}]});
+        assert!(changes_parsing(&obj(in_msg)));
+        assert!(!changes_parsing(&obj(
+            json!({"messages": [{"role": "user", "content": "x"}]})
+        )));
+    }
+
+    #[test]
+    fn tool_names_are_the_requests() {
+        let body = obj(json!({"tools": [
+            {"type": "function", "function": {"name": "a"}},
+            {"type": "function", "function": {"name": ""}},
+            {"type": "function", "function": {"name": "b"}}]}));
+        assert_eq!(tool_names(&body), vec!["a".to_string(), "b".to_string()]);
+    }
+}
