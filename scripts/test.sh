@@ -57,6 +57,11 @@ cleanup() {
   # And tests/tools_llama3_json.rs its llama3_json server.
   SPECD_VLLM_MODEL=agent-tools-llama3 SPECD_VLLM_SERVED_NAME=specd-agent-tools-llama3-llama3_json \
     bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  # So do the SGLang tool-call tests theirs (tests/common: sglang_tools_upstream).
+  for name in specd-sglang-agent-tools-hermes specd-sglang-agent-tools-hermes-deepseek-r1; do
+    SPECD_SGLANG_MODEL=agent-tools SPECD_SGLANG_SERVED_NAME=$name \
+      bash "$ROOT/scripts/sglang-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  done
   # So do the tiktoken-format tests (tests/tiktoken.rs: target-tiktoken by hub id).
   SPECD_VLLM_MODEL=target-tiktoken bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }

@@ -53,10 +53,9 @@ pub enum PassthroughReason {
     UnsupportedParam,
     /// SGLang: a LoRA adapter in `model`.
     Lora,
-    /// SGLang started with a reasoning or tool-call parser.
-    ChatParsers,
-    /// vLLM's `--reasoning-parser` or `--tool-call-parser` (as specd's flags of those
-    /// names tell it) is one specd does not reproduce for this request.
+    /// The upstream's reasoning or tool-call parser (vLLM's as specd's flags name it,
+    /// SGLang's as its `/server_info` does) is one specd does not reproduce for this
+    /// request, or specd's flags disagree with SGLang's.
     Parser,
     /// `tool_choice: "required"`: the server constrains the output to a call.
     ToolChoiceRequired,
@@ -69,7 +68,7 @@ pub enum PassthroughReason {
 }
 
 impl PassthroughReason {
-    pub const ALL: [PassthroughReason; 24] = [
+    pub const ALL: [PassthroughReason; 23] = [
         PassthroughReason::Disabled,
         PassthroughReason::NotPaying,
         PassthroughReason::UpstreamNotReady,
@@ -88,7 +87,6 @@ impl PassthroughReason {
         PassthroughReason::MultiplePrompts,
         PassthroughReason::UnsupportedParam,
         PassthroughReason::Lora,
-        PassthroughReason::ChatParsers,
         PassthroughReason::Parser,
         PassthroughReason::ToolChoiceRequired,
         PassthroughReason::ToolChoiceNamed,
@@ -115,7 +113,6 @@ impl PassthroughReason {
             PassthroughReason::MultiplePrompts => "multiple_prompts",
             PassthroughReason::UnsupportedParam => "unsupported_param",
             PassthroughReason::Lora => "lora",
-            PassthroughReason::ChatParsers => "chat_parsers",
             PassthroughReason::Parser => "parser",
             PassthroughReason::ToolChoiceRequired => "tool_choice_required",
             PassthroughReason::ToolChoiceNamed => "tool_choice_named",

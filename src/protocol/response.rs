@@ -62,6 +62,9 @@ pub struct Delta<'a> {
     pub content: Option<Option<&'a str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<&'a str>,
+    /// SGLang's name for the reasoning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
@@ -90,6 +93,9 @@ pub struct FunctionDelta {
 #[derive(Debug, Serialize)]
 pub struct ToolCall {
     pub id: String,
+    /// SGLang numbers the calls of a whole answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
     #[serde(rename = "type")]
     pub kind: &'static str,
     pub function: FunctionCall,
@@ -121,6 +127,9 @@ pub struct Message<'a> {
     /// With a reasoning parser only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<String>,
+    /// SGLang's name for the reasoning (null where there is none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<Option<String>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -171,6 +180,9 @@ pub struct Usage {
     /// streamed usage chunk has only the count, with a parser.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens_details: Option<Option<CompletionDetails>>,
+    /// SGLang also writes the reasoning token count at the top.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<u32>,
     pub speculation: SpeculationUsage,
 }
 

@@ -155,7 +155,33 @@ fn sglang_backend(st: &Shared, info: &UpstreamInfo) -> SglangBackend {
         .unwrap_or_default();
     let settings = info.sglang.clone().unwrap_or_default();
     tracing::debug!(vocab_limit, chat_defaults = ?defaults, settings = ?settings, "SGLang backend");
-    SglangBackend::new(st.upstream.clone(), settings, defaults, vocab_limit)
+    let (reasoning, tools) = parser_flags(&st.args);
+    let b = SglangBackend::new(st.upstream.clone(), settings, defaults, vocab_limit)
+        .with_parser_flags(reasoning, tools);
+    if let Some(p) = b.sglang_parsers().filter(|p| p.disagree) {
+        tracing::warn!(
+            server_reasoning_parser = ?p.reasoning,
+            server_tool_call_parser = ?p.tools,
+            reasoning_parser = ?reasoning,
+            tool_call_parser = ?tools,
+            "SGLang runs other chat parsers than specd's flags name: chat passes through"
+        );
+    }
+    b
+}
+
+/// specd's `--reasoning-parser` and `--tool-call-parser` names, where given.
+fn parser_flags(args: &ServeArgs) -> (Option<&str>, Option<&str>) {
+    use crate::config::{ReasoningParserArg as R, ToolCallParserArg as T};
+    let reasoning = args.reasoning_parser.as_ref().map(|r| match r {
+        R::Known(p) => p.as_str(),
+        R::Unimplemented(n) => n.as_str(),
+    });
+    let tools = args.tool_call_parser.as_ref().map(|t| match t {
+        T::Known(p) => p.as_str(),
+        T::Unimplemented(n) => n.as_str(),
+    });
+    (reasoning, tools)
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {

@@ -278,7 +278,9 @@ pub fn parse_step(
     if let Some(splitter) = reasoning {
         let was_closed = splitter.is_closed();
         splitter.step(id, text, last, &mut step);
-        if splitter.is_closed() {
+        if splitter.feeds_tools_while_open() {
+            content = Some(step.content.as_str());
+        } else if splitter.is_closed() {
             content = Some(step.content.as_str());
             if !was_closed {
                 ids = splitter.content_ids(id);

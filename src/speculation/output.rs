@@ -78,6 +78,7 @@ pub fn usage(stats: &Stats, streamed: bool, reasoning_tokens: Option<u32>) -> Us
             (true, Some(d)) => Some(Some(d)),
             (false, d) => Some(d),
         },
+        reasoning_tokens: None,
         speculation: SpeculationUsage {
             mode: stats.mode,
             drafter: stats.drafter,
@@ -209,7 +210,10 @@ impl Shape {
                 "chat.completion.chunk",
                 vec![ChatChunkChoice {
                     index: 0,
-                    delta: delta(text, parsed, first, finish.is_some()),
+                    delta: match self.sglang() {
+                        true => sglang::delta(text, parsed, first),
+                        false => delta(text, parsed, first, finish.is_some()),
+                    },
                     logprobs,
                     finished,
                 }],
@@ -224,7 +228,7 @@ impl Shape {
             Endpoint::Chat => "chat.completion.chunk",
         };
         let mut e = self.envelope(object, Vec::new());
-        e.usage = Some(usage(stats, true, reasoning_tokens));
+        e.usage = Some(self.usage(stats, true, reasoning_tokens));
         Body::Completion(e)
     }
 
@@ -238,7 +242,7 @@ impl Shape {
         reasoning_tokens: Option<u32>,
     ) -> Body<'a> {
         let mut finished = finished(Some(finish));
-        let usage = Some(usage(stats, false, reasoning_tokens));
+        let usage = Some(self.usage(stats, false, reasoning_tokens));
         match self.endpoint {
             Endpoint::Completions => {
                 let choice = CompletionChoice {
@@ -253,9 +257,14 @@ impl Shape {
                 Body::Completion(e)
             }
             Endpoint::Chat => {
-                let message = self.message(text);
-                // vLLM: an answer in which `auto` found calls ends with "tool_calls".
-                if !message.tool_calls.is_empty() {
+                let message = match self.sglang() {
+                    true => sglang::message(self, text),
+                    false => self.message(text),
+                };
+                // vLLM: an answer in which `auto` found calls ends with "tool_calls";
+                // SGLang: one that stopped.
+                let stopped = finished.finish_reason == Some("stop");
+                if !message.tool_calls.is_empty() && (stopped || !self.sglang()) {
                     finished.finish_reason = Some("tool_calls");
                 }
                 let choice = ChatChoice {
@@ -273,6 +282,31 @@ impl Shape {
 }
 
 impl Shape {
+    /// The upstream's parsers are SGLang's: its field names and shapes.
+    fn sglang(&self) -> bool {
+        use crate::upstream::detect::UpstreamKind::Sglang;
+        self.reasoning
+            .as_ref()
+            .is_some_and(|r| r.dialect() == Sglang)
+            || self.tools.as_ref().is_some_and(|t| t.dialect() == Sglang)
+    }
+
+    /// `usage` in the upstream's shape.
+    fn usage(&self, stats: &Stats, streamed: bool, reasoning_tokens: Option<u32>) -> Usage {
+        if !self.sglang() {
+            return usage(stats, streamed, reasoning_tokens);
+        }
+        // SGLang: the count at the top, and in the details where there is one.
+        let mut u = usage(stats, false, None);
+        u.prompt_tokens_details = None;
+        let n = reasoning_tokens.unwrap_or(0);
+        u.reasoning_tokens = Some(n);
+        u.completion_tokens_details = Some((n > 0).then_some(CompletionDetails {
+            reasoning_tokens: n,
+        }));
+        u
+    }
+
     /// A whole chat answer's message: split by the reasoning parser, or read by the
     /// tool-call parser, if any.
     fn message<'a>(&self, text: &'a str) -> Message<'a> {
@@ -284,6 +318,7 @@ impl Shape {
                 .into_iter()
                 .map(|c| ToolCall {
                     id: c.id.unwrap_or_else(tools::call_id),
+                    index: None,
                     kind: "function",
                     function: FunctionCall {
                         name: c.name,
@@ -296,6 +331,7 @@ impl Shape {
                 content: content.map(Cow::Owned),
                 tool_calls,
                 reasoning,
+                reasoning_content: None,
             };
         }
         let (reasoning, content) = match &self.reasoning {
@@ -310,6 +346,7 @@ impl Shape {
             content,
             tool_calls: Vec::new(),
             reasoning,
+            reasoning_content: None,
         }
     }
 }
@@ -354,6 +391,7 @@ fn delta<'a>(text: &'a str, parsed: Parsed<'a>, first: bool, last: bool) -> Delt
             role,
             content: Some(Some(text)),
             reasoning: None,
+            reasoning_content: None,
             tool_calls: None,
         };
     };
@@ -373,6 +411,7 @@ fn delta<'a>(text: &'a str, parsed: Parsed<'a>, first: bool, last: bool) -> Delt
         role,
         content: content.map(Some),
         reasoning,
+        reasoning_content: None,
         tool_calls: None,
     }
 }
@@ -387,6 +426,7 @@ fn tool_delta<'a>(role: Option<&'static str>, d: &'a tools::StreamDelta) -> Delt
             role,
             content: role.map(|_| Some("")),
             reasoning: None,
+            reasoning_content: None,
             tool_calls: None,
         };
     }
@@ -410,9 +450,11 @@ fn tool_delta<'a>(role: Option<&'static str>, d: &'a tools::StreamDelta) -> Delt
         role,
         content: Some(d.content.as_deref()),
         reasoning: None,
+        reasoning_content: None,
         tool_calls: (!calls.is_empty()).then_some(calls),
     }
 }
 
+mod sglang;
 #[cfg(test)]
 mod tests;

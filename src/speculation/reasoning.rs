@@ -14,10 +14,12 @@
 //!   start or the end token emits nothing, and the end token closes reasoning; every
 //!   other step is reasoning. Once closed, every step is content, markers included.
 //!
-//! `qwen3` and `kimi_k2` run on vLLM's grammar engine: `engine.rs`.
+//! `qwen3` and `kimi_k2` run on vLLM's grammar engine: `engine.rs`. In front of SGLang,
+//! its own `deepseek-r1` (`sglang.rs`) splits the text of each chunk instead.
 
 pub mod engine;
 pub mod lexer;
+pub mod sglang;
 
 use std::sync::Arc;
 
@@ -25,6 +27,7 @@ use serde_json::Value;
 
 use crate::config::ReasoningParser;
 use crate::tokens::ModelTokenizer;
+use crate::upstream::detect::UpstreamKind;
 use engine::{Grammar, Texts};
 
 const THINK_START: &str = "<think>";
@@ -43,6 +46,8 @@ enum Kind {
     R1 { start_id: u32, end_id: u32 },
     /// A grammar-engine parser.
     Engine(Arc<Grammar>),
+    /// SGLang's `deepseek-r1`: the ids `</think>` encodes to (for its token count).
+    Sglang { end_ids: Vec<u32> },
 }
 
 /// One streamed piece of an answer: the reasoning and the content it adds.
@@ -98,6 +103,24 @@ impl Reasoning {
         Some(Reasoning { parser, kind })
     }
 
+    /// SGLang's `deepseek-r1` for this tokenizer; `None` where `</think>` is not one
+    /// token (specd does not count SGLang's reasoning tokens then).
+    pub fn sglang_r1(tok: &ModelTokenizer) -> Option<Self> {
+        let end = tok.token_id(THINK_END)?;
+        Some(Reasoning {
+            parser: ReasoningParser::DeepseekR1,
+            kind: Kind::Sglang { end_ids: vec![end] },
+        })
+    }
+
+    /// Whose parser this is.
+    pub fn dialect(&self) -> UpstreamKind {
+        match self.kind {
+            Kind::Sglang { .. } => UpstreamKind::Sglang,
+            _ => UpstreamKind::Vllm,
+        }
+    }
+
     #[cfg(test)]
     pub fn with_ids(parser: ReasoningParser, start_id: u32, end_id: u32) -> Self {
         Reasoning {
@@ -125,6 +148,11 @@ impl Reasoning {
         if let Kind::Engine(g) = &self.kind {
             return g.split_full(text);
         }
+        if let Kind::Sglang { .. } = self.kind {
+            // SGLang: no reasoning reads null, the content is always text.
+            let (r, c) = sglang::split_full(text);
+            return ((!r.is_empty()).then_some(r), Some(c));
+        }
         let rest = match text.split_once(THINK_START) {
             Some((_, after)) => after,
             None => text,
@@ -144,6 +172,7 @@ impl Reasoning {
                 ended: ended_in(*start_id, *end_id, prompt),
             },
             Kind::Engine(g) => Inner::Engine(Box::new(engine::Stream::new(g, prompt))),
+            Kind::Sglang { .. } => Inner::Sglang(sglang::Stream::default()),
         };
         StreamSplit { inner }
     }
@@ -153,6 +182,7 @@ impl Reasoning {
         match &self.kind {
             Kind::R1 { start_id, end_id } => r1_reasoning_tokens(*start_id, *end_id, ids),
             Kind::Engine(g) => g.count(ids),
+            Kind::Sglang { end_ids } => sglang::reasoning_tokens(ids, end_ids),
         }
     }
 }
@@ -219,6 +249,7 @@ enum Inner {
         ended: bool,
     },
     Engine(Box<engine::Stream>),
+    Sglang(sglang::Stream),
 }
 
 impl StreamSplit {
@@ -240,7 +271,14 @@ impl StreamSplit {
                 }
             }
             Inner::Engine(s) => engine_step(s, Some(id), text, last, out),
+            Inner::Sglang(s) => sglang_step(s, text, last, out),
         }
+    }
+
+    /// SGLang hands the tool parser the normal text of every chunk, reasoning open or
+    /// not; vLLM only once reasoning has ended.
+    pub fn feeds_tools_while_open(&self) -> bool {
+        matches!(self.inner, Inner::Sglang(_))
     }
 
     /// Whether reasoning has been closed: the rest of the answer is content.
@@ -248,6 +286,7 @@ impl StreamSplit {
         match &self.inner {
             Inner::R1 { ended, .. } => *ended,
             Inner::Engine(s) => s.is_closed(),
+            Inner::Sglang(s) => s.is_closed(),
         }
     }
 
@@ -257,6 +296,7 @@ impl StreamSplit {
     pub fn content_ids(&self, id: u32) -> Vec<u32> {
         match &self.inner {
             Inner::R1 { .. } => Vec::new(),
+            Inner::Sglang(_) => vec![id],
             Inner::Engine(s) => s.content_ids(id),
         }
     }
@@ -264,7 +304,7 @@ impl StreamSplit {
     /// The parser's own reasoning token count of the stream, where it keeps one.
     pub fn counted(&self) -> Option<u32> {
         match &self.inner {
-            Inner::R1 { .. } => None,
+            Inner::R1 { .. } | Inner::Sglang(_) => None,
             Inner::Engine(s) => s.counted(),
         }
     }
@@ -275,7 +315,20 @@ impl StreamSplit {
             Inner::R1 { ended: true, .. } => out.content.push_str(text),
             Inner::R1 { .. } => out.reasoning.push_str(text),
             Inner::Engine(s) => engine_step(s, None, text, true, out),
+            Inner::Sglang(s) => sglang_step(s, text, true, out),
         }
+    }
+}
+
+/// One SGLang chunk, and on the last its `parse_stream_end`.
+fn sglang_step(s: &mut sglang::Stream, text: &str, last: bool, out: &mut Split) {
+    let (r, c) = s.step(text);
+    out.reasoning.push_str(&r);
+    out.content.push_str(&c);
+    if last {
+        let (r, c) = s.finish();
+        out.reasoning.push_str(&r);
+        out.content.push_str(&c);
     }
 }
 

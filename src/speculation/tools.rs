@@ -13,14 +13,18 @@
 //!   `"tool_calls"`.
 //! - `tool_choice: "none"`, or no tools: the text is content; a streamed step that adds
 //!   no text sends nothing (the last one an empty delta).
+//!
+//! In front of SGLang, its own `hermes` (`hermes_sglang.rs`) reads the answer instead.
 
 pub mod engine;
 #[cfg(test)]
 mod golden;
 pub mod hermes;
+pub mod hermes_sglang;
 pub mod kimi_k2;
 pub mod llama3_json;
 pub mod partial_json;
+pub mod partial_json_sglang;
 pub mod pyjson;
 pub mod qwen3_coder;
 pub mod schema;
@@ -31,6 +35,7 @@ use serde_json::Value;
 
 use crate::config::{ReasoningParser, ToolCallParser};
 use crate::tokens::ModelTokenizer;
+use crate::upstream::detect::UpstreamKind;
 
 /// One parsed call of a whole answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,6 +130,8 @@ pub struct Tools {
     /// A grammar-engine parser (kimi_k2, qwen3_coder): its grammar and the request's
     /// tools.
     pub engine: Option<Arc<EngineTools>>,
+    /// SGLang's parser: the names of the request's tools (calls to others are dropped).
+    pub sglang: Option<Arc<Vec<String>>>,
 }
 
 /// What a grammar-engine tool parser needs of the model and the request.
@@ -193,7 +200,32 @@ impl Tools {
             parser,
             choice,
             engine: None,
+            sglang: None,
         }
+    }
+
+    /// SGLang's `hermes` for a request whose tools are named `names`.
+    pub fn sglang_hermes(choice: Choice, names: Vec<String>) -> Self {
+        Tools {
+            parser: ToolCallParser::Hermes,
+            choice,
+            engine: None,
+            sglang: Some(Arc::new(names)),
+        }
+    }
+
+    /// Whose parser this is.
+    pub fn dialect(&self) -> UpstreamKind {
+        match self.sglang {
+            Some(_) => UpstreamKind::Sglang,
+            None => UpstreamKind::Vllm,
+        }
+    }
+
+    /// SGLang parses calls only with tools and a choice other than `none`.
+    fn sglang_active(&self) -> Option<&[String]> {
+        let names = self.sglang.as_deref()?;
+        (self.choice == Choice::Auto && !names.is_empty()).then_some(names.as_slice())
     }
 
     /// `kimi_k2` for a request of `body` to a model of `tok`; `reasoning`: the kimi_k2
@@ -227,6 +259,7 @@ impl Tools {
                 declared,
                 delegated: false,
             })),
+            sglang: None,
         })
     }
 
@@ -259,6 +292,7 @@ impl Tools {
                 declared,
                 delegated: reasoning.is_some_and(|r| r != ReasoningParser::Qwen3),
             })),
+            sglang: None,
         })
     }
 
@@ -282,7 +316,7 @@ impl Tools {
     /// Whether a whole answer without calls keeps its content as it was (the classic
     /// parsers), or as the parser read it (the engine drops call markup).
     pub fn reads_content(&self) -> bool {
-        self.engine.as_ref().is_some_and(|e| !e.delegated)
+        self.engine.as_ref().is_some_and(|e| !e.delegated) || self.sglang.is_some()
     }
 
     /// The engine parser that reads this request's answer: none where vLLM's serving
@@ -295,6 +329,13 @@ impl Tools {
 
     /// A whole answer: content and calls (no calls with `tool_choice: none`).
     pub fn extract(&self, text: &str) -> Extracted {
+        if self.sglang.is_some() {
+            // SGLang: with no call markup (or no parsing), the text as it is.
+            return self
+                .sglang_active()
+                .and_then(|names| hermes_sglang::extract(text, names))
+                .unwrap_or_else(|| Extracted::text(text));
+        }
         if let Some(e) = self.engine() {
             let p = EngineParser::new(e, self.suppressed(e));
             let (content, calls) = p.whole(text, e);
@@ -326,6 +367,9 @@ impl Tools {
             hermes: hermes::Stream::default(),
             llama3: llama3_json::stream::Stream::default(),
             engine,
+            sglang: self
+                .sglang_active()
+                .map(|names| Box::new(hermes_sglang::Stream::new(names.to_vec()))),
             called: false,
         }
     }
@@ -350,6 +394,8 @@ pub struct ToolStream {
     llama3: llama3_json::stream::Stream,
     /// A grammar-engine parser's state.
     engine: Option<Box<EngineParser>>,
+    /// SGLang's parser's state, where it parses calls.
+    sglang: Option<Box<hermes_sglang::Stream>>,
     /// Some step sent a call (vLLM's `tools_streamed`).
     called: bool,
 }
@@ -358,6 +404,22 @@ impl ToolStream {
     /// One step: the text released with one token and the token ids the parser is fed
     /// with it; `last` when generation ends with it.
     pub fn step(&mut self, released: &str, ids: &[u32], last: bool) -> Option<StreamDelta> {
+        if let Some(p) = &mut self.sglang {
+            let mut d = p.step(released);
+            if last {
+                // `_check_for_unstreamed_tool_args`.
+                d.calls.extend(p.remaining());
+            }
+            self.called = p.called;
+            return (!d.is_empty()).then_some(d);
+        }
+        if self.tools.sglang.is_some() {
+            // SGLang parses no calls here: the text is content.
+            return (!released.is_empty()).then(|| StreamDelta {
+                content: Some(released.to_string()),
+                calls: Vec::new(),
+            });
+        }
         if let Some(p) = &mut self.engine {
             let mut d = p.step(released, ids);
             if self.tools.choice == Choice::None {
@@ -409,6 +471,12 @@ impl ToolStream {
     pub fn called(&self) -> bool {
         self.called
     }
+}
+
+/// A tool call id shaped like SGLang's (`call_` and 24 random hex digits).
+pub fn sglang_call_id() -> String {
+    let hex = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    format!("call_{}", &hex[..24])
 }
 
 /// A tool call id shaped like vLLM's (`make_tool_call_id`: 16 random hex digits), which

@@ -49,14 +49,20 @@ pub struct SglangSettings {
     /// `--sampling-defaults model` (the default): the chat route fills unset sampling
     /// fields from the model's `generation_config.json`.
     pub model_sampling_defaults: bool,
-    /// The server splits reasoning or tool calls out of chat answers
-    /// (`--reasoning-parser`, `--tool-call-parser`): chat must pass through.
-    pub chat_parsers: bool,
+    /// `--reasoning-parser`: the server splits reasoning out of chat answers.
+    pub reasoning_parser: Option<String>,
+    /// `--tool-call-parser`: the server reads tool calls out of chat answers.
+    pub tool_call_parser: Option<String>,
 }
 
 impl SglangSettings {
     fn from_server_info(si: &Value) -> Self {
-        let set = |k: &str| si.get(k).is_some_and(|v| !v.is_null());
+        let name = |k: &str| {
+            si.get(k)
+                .and_then(Value::as_str)
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
         SglangSettings {
             incremental_streaming: si
                 .get("incremental_streaming_output")
@@ -67,7 +73,35 @@ impl SglangSettings {
                 .get("sampling_defaults")
                 .and_then(Value::as_str)
                 .is_none_or(|v| v == "model"),
-            chat_parsers: set("reasoning_parser") || set("tool_call_parser"),
+            reasoning_parser: name("reasoning_parser"),
+            tool_call_parser: name("tool_call_parser"),
+        }
+    }
+}
+
+/// The chat parsers an SGLang server runs (its `/server_info`), and whether specd's own
+/// `--reasoning-parser`/`--tool-call-parser` name others (then chat passes through).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SglangParsers {
+    pub reasoning: Option<String>,
+    pub tools: Option<String>,
+    pub disagree: bool,
+}
+
+impl SglangParsers {
+    /// The server's parsers against specd's flags (`None`: not given). Names compare
+    /// with `-` and `_` alike (SGLang's `deepseek-r1` is vLLM's `deepseek_r1`).
+    pub fn new(s: &SglangSettings, reasoning_flag: Option<&str>, tools_flag: Option<&str>) -> Self {
+        let norm = |n: &str| n.trim().replace('-', "_").to_ascii_lowercase();
+        let agrees = |flag: Option<&str>, server: &Option<String>| match flag {
+            None => true,
+            Some(f) => server.as_deref().is_some_and(|v| norm(v) == norm(f)),
+        };
+        SglangParsers {
+            reasoning: s.reasoning_parser.clone(),
+            tools: s.tool_call_parser.clone(),
+            disagree: !agrees(reasoning_flag, &s.reasoning_parser)
+                || !agrees(tools_flag, &s.tool_call_parser),
         }
     }
 }
@@ -242,8 +276,23 @@ mod tests {
         let s = SglangSettings::from_server_info(&json!({
             "incremental_streaming_output": true, "sampling_defaults": "openai",
             "reasoning_parser": null, "tool_call_parser": "qwen"}));
-        assert!(s.incremental_streaming && !s.model_sampling_defaults && s.chat_parsers);
+        assert!(s.incremental_streaming && !s.model_sampling_defaults);
+        assert_eq!(s.reasoning_parser, None);
+        assert_eq!(s.tool_call_parser.as_deref(), Some("qwen"));
         let d = SglangSettings::from_server_info(&json!({}));
-        assert!(!d.incremental_streaming && d.model_sampling_defaults && !d.chat_parsers);
+        assert!(!d.incremental_streaming && d.model_sampling_defaults);
+        assert_eq!((d.reasoning_parser, d.tool_call_parser), (None, None));
+    }
+
+    #[test]
+    fn specd_flags_must_agree_with_the_server() {
+        let s = SglangSettings::from_server_info(&json!({
+            "reasoning_parser": "deepseek-r1", "tool_call_parser": "hermes"}));
+        assert!(!SglangParsers::new(&s, None, None).disagree);
+        assert!(!SglangParsers::new(&s, Some("deepseek_r1"), Some("hermes")).disagree);
+        assert!(SglangParsers::new(&s, Some("qwen3"), None).disagree);
+        assert!(SglangParsers::new(&s, None, Some("llama3_json")).disagree);
+        let none = SglangSettings::default();
+        assert!(SglangParsers::new(&none, Some("deepseek_r1"), None).disagree);
     }
 }

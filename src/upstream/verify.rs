@@ -239,6 +239,11 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
     fn kind(&self) -> &'static str;
+    /// SGLang: the chat parsers the server runs, which shape chat answers in place of
+    /// specd's `--reasoning-parser`/`--tool-call-parser`.
+    fn sglang_parsers(&self) -> Option<&crate::upstream::detect::SglangParsers> {
+        None
+    }
     /// This backend sending the client's `Authorization` header on its upstream calls, as
     /// the upstream would have received it directly. `None`: not supported, use `self`.
     fn with_auth(&self, _auth: &http::HeaderValue) -> Option<std::sync::Arc<dyn Backend>> {

@@ -317,3 +317,53 @@ fn named_upstream(model: &str, served: &str, extra: &str) -> String {
     urls.insert(served.to_string(), url.clone());
     url
 }
+
+/// URL of a real SGLang serving the `agent-tools` model in float32 with
+/// `--tool-call-parser hermes` (and `--reasoning-parser deepseek-r1` with `reasoning`):
+/// `SPECD_TEST_SGLANG_TOOLS_UPSTREAM` (`SPECD_TEST_SGLANG_TOOLS_REASONING_UPSTREAM`), else
+/// started by scripts/sglang-cpu-upstream.sh as its own named server
+/// (`sglang_tools_served`), reused across test processes.
+#[allow(dead_code)]
+pub fn sglang_tools_upstream(reasoning: bool) -> String {
+    let var = match reasoning {
+        false => "SPECD_TEST_SGLANG_TOOLS_UPSTREAM",
+        true => "SPECD_TEST_SGLANG_TOOLS_REASONING_UPSTREAM",
+    };
+    if let Ok(u) = std::env::var(var) {
+        return u;
+    }
+    let mut extra = "--dtype float32 --tool-call-parser hermes".to_string();
+    if reasoning {
+        extra.push_str(" --reasoning-parser deepseek-r1");
+    }
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("bash")
+        .arg(format!("{root}/scripts/sglang-cpu-upstream.sh"))
+        .arg("start")
+        .env("SPECD_SGLANG_MODEL", "agent-tools")
+        .env("SPECD_SGLANG_SERVED_NAME", sglang_tools_served(reasoning))
+        .env("SPECD_SGLANG_EXTRA_ARGS", extra)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/sglang-cpu-upstream.sh");
+    assert!(
+        out.status.success(),
+        "the SGLang tools upstream did not start"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("UPSTREAM="))
+        .expect("script prints UPSTREAM=")
+        .trim()
+        .to_string()
+}
+
+#[allow(dead_code)]
+pub fn sglang_tools_served(reasoning: bool) -> &'static str {
+    match reasoning {
+        false => "specd-sglang-agent-tools-hermes",
+        true => "specd-sglang-agent-tools-hermes-deepseek-r1",
+    }
+}

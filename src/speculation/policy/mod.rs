@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 
 pub mod exact;
 pub mod fields;
+pub mod sglang;
 
 use super::controller::Controller;
 use super::reasoning::Reasoning;
@@ -96,15 +97,18 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     if let Err(reason) = exact::check(&gen.sampling.per_step, &tokenizer) {
         return pass(reason, gen);
     }
-    // Plain completions are never parsed by vLLM, whatever its parsers. The parsing is
-    // vLLM's: SGLang's parsers (and field names) are not reproduced.
-    let parsed = chat && (c.reasoning.is_some() || c.tools.is_some());
-    if parsed && backend.kind() != "vllm" {
-        return pass(Reason::Parser, gen);
-    }
-    let tools = match tools_for(c, chat, &gen, &tokenizer) {
-        Ok(t) => t,
-        Err(reason) => return pass(reason, gen),
+    // Plain completions are never parsed, whatever the parsers. In front of SGLang its
+    // own parsers (its `/server_info`) shape chat answers.
+    let sglang = backend.sglang_parsers().filter(|_| chat);
+    let (sg_reasoning, tools) = match sglang {
+        Some(p) => match sglang::chat_parsers(p, &gen.body, &tokenizer) {
+            Ok((r, t)) => (r, t),
+            Err(reason) => return pass(reason, gen),
+        },
+        None => match tools_for(c, chat, &gen, &tokenizer) {
+            Ok(t) => (None, t),
+            Err(reason) => return pass(reason, gen),
+        },
     };
     if tools.as_ref().is_some_and(Tools::keeps_special_tokens) {
         // vLLM's hermes and kimi_k2 parsers keep special tokens for tool calls
@@ -120,8 +124,8 @@ pub fn route(intake: Intake, c: &Conditions<'_>) -> Route {
     if tokenizer.spaced_specials && !gen.skip_special_tokens && spaced {
         return pass(Reason::UnsupportedParam, gen);
     }
-    let reasoning = match c.reasoning.filter(|_| chat) {
-        None => None,
+    let reasoning = match c.reasoning.filter(|_| chat && sglang.is_none()) {
+        None => sg_reasoning,
         Some(arg) => match reasoning_for(arg, &tokenizer, &gen) {
             Some(r) => Some(r),
             None => return pass(Reason::Parser, gen),

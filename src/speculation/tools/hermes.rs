@@ -72,7 +72,7 @@ fn call_of(v: &PyValue) -> Option<Call> {
 }
 
 /// Python's `str.isspace` (what `\s`, `strip` and `rstrip` use on text).
-fn is_space(c: char) -> bool {
+pub(super) fn is_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 

@@ -72,3 +72,128 @@ fn hermes_equals_vllm() {
         assert_eq!(s.remaining_args(), case["remaining"], "{text:?}");
     }
 }
+
+/// SGLang's own parser classes on fixed answers (`sglang_reference.json`, written by
+/// scripts/sglang_parser_reference.py): the partial-JSON reader on every prefix of a few
+/// calls, `hermes` whole and streamed (token-like pieces and one character at a time),
+/// and the `deepseek-r1` reasoning split.
+mod sglang_reference {
+    use super::super::hermes_sglang;
+    use super::super::partial_json_sglang::{self as partial_json, Allow};
+    use super::super::pyjson;
+    use crate::speculation::reasoning::sglang as r1;
+    use serde_json::Value;
+
+    fn reference() -> Value {
+        serde_json::from_str(include_str!("sglang_reference.json")).expect("reference json")
+    }
+
+    fn s(v: &Value) -> &str {
+        v.as_str().unwrap_or("")
+    }
+
+    #[test]
+    fn partial_json_equals_partial_json_parser() {
+        let r = reference();
+        let cases = r["partial"].as_array().expect("partial");
+        let mut bad = Vec::new();
+        for c in cases {
+            let allow = Allow {
+                strings: c["strings"].as_bool().unwrap_or(true),
+            };
+            let got = partial_json::loads(s(&c["text"]), allow)
+                .ok()
+                .map(|(v, end)| serde_json::json!({"value": pyjson::dumps(&v), "end": end}));
+            let want = (!c["result"].is_null()).then(|| c["result"].clone());
+            if got != want {
+                bad.push(format!("{c}\n  specd {got:?}"));
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "{} of {}:\n{}",
+            bad.len(),
+            cases.len(),
+            bad.join("\n")
+        );
+    }
+
+    fn names(r: &Value) -> Vec<String> {
+        let n = r["names"].as_array().expect("names");
+        n.iter().map(|v| s(v).to_string()).collect()
+    }
+
+    #[test]
+    fn hermes_equals_sglangs() {
+        let r = reference();
+        let names = names(&r);
+        let mut bad = Vec::new();
+        for case in r["hermes"].as_array().expect("hermes") {
+            let text = s(&case["text"]);
+            let e = hermes_sglang::extract(text, &names);
+            let got: Value = match e {
+                None => serde_json::json!({"content": text, "calls": []}),
+                Some(e) => serde_json::json!({
+                    "content": e.content,
+                    "calls": e.calls.iter().map(|c| serde_json::json!(
+                        [c.name, c.arguments])).collect::<Vec<_>>()}),
+            };
+            let w = &case["whole"];
+            let want = serde_json::json!({"content": w["content"],
+                "calls": w["calls"].as_array().into_iter().flatten().map(|c| serde_json::json!(
+                    [c["name"], c["parameters"]])).collect::<Vec<_>>()});
+            if got != want {
+                bad.push(format!("whole {text:?}\n  sglang {want}\n  specd  {got}"));
+            }
+            let mut st = hermes_sglang::Stream::new(names.clone());
+            let steps = case["stream"].as_array().expect("stream");
+            for (i, step) in steps.iter().enumerate() {
+                let mut d = st.step(s(&step["piece"]));
+                if i + 1 == steps.len() {
+                    d.calls.extend(st.remaining());
+                }
+                let got = serde_json::json!({
+                    "content": d.content.unwrap_or_default(),
+                    "calls": d.calls.iter().map(|c| serde_json::json!(
+                        [c.index, c.name, c.arguments.clone().unwrap_or_default()]))
+                        .collect::<Vec<_>>()});
+                let want = serde_json::json!({"content": step["content"],
+                    "calls": step["calls"].as_array().into_iter().flatten().map(|c| serde_json::json!(
+                        [c["index"], c["name"], c["parameters"]])).collect::<Vec<_>>()});
+                if got != want {
+                    bad.push(format!(
+                        "stream {text:?} step {i}\n  sglang {want}\n  specd  {got}"
+                    ));
+                    break;
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}:\n{}", bad.len(), bad.join("\n"));
+    }
+
+    #[test]
+    fn deepseek_r1_equals_sglangs() {
+        let r = reference();
+        for case in r["r1"].as_array().expect("r1") {
+            let text = s(&case["text"]);
+            let (reasoning, content) = r1::split_full(text);
+            assert_eq!(reasoning, s(&case["whole"]["reasoning"]), "{text:?}");
+            assert_eq!(content, s(&case["whole"]["content"]), "{text:?}");
+            let mut st = r1::Stream::default();
+            let steps = case["stream"].as_array().expect("stream");
+            for (i, step) in steps.iter().enumerate() {
+                let (mut r, mut c) = st.step(s(&step["piece"]));
+                if i + 1 == steps.len() {
+                    let (er, ec) = st.finish();
+                    r.push_str(&er);
+                    c.push_str(&ec);
+                }
+                assert_eq!(
+                    (r.as_str(), c.as_str()),
+                    (s(&step["reasoning"]), s(&step["content"])),
+                    "{text:?} step {i}"
+                );
+            }
+        }
+    }
+}

@@ -30,7 +30,7 @@ mod wire;
 
 use wire::{keep_top, output_sample, parse_top, protocol, relay_chunk, sampling_params};
 
-use super::detect::SglangSettings;
+use super::detect::{SglangParsers, SglangSettings};
 use super::sse::SseParser;
 use super::verify::{
     Backend, RelayRequest, Sample, SampleStream, Sampling, Tokenized, VerifyRequest,
@@ -132,6 +132,8 @@ pub struct SglangBackend {
     work: Arc<WorkCounters>,
     /// The client's `Authorization`, sent on every call made for its request.
     auth: Option<HeaderValue>,
+    /// The server's chat parsers, against specd's flags.
+    parsers: SglangParsers,
 }
 
 impl SglangBackend {
@@ -143,13 +145,20 @@ impl SglangBackend {
     ) -> Self {
         SglangBackend {
             up,
-            settings,
             chat_defaults,
             vocab_limit,
             strategy: VerifyStrategy::Auto,
             work: Arc::default(),
             auth: None,
+            parsers: SglangParsers::new(&settings, None, None),
+            settings,
         }
+    }
+
+    /// Compare the server's chat parsers with specd's flags (names, where given).
+    pub fn with_parser_flags(mut self, reasoning: Option<&str>, tools: Option<&str>) -> Self {
+        self.parsers = SglangParsers::new(&self.settings, reasoning, tools);
+        self
     }
 
     pub fn with_strategy(mut self, strategy: VerifyStrategy) -> Self {
@@ -199,9 +208,6 @@ impl SglangBackend {
             .is_some_and(|m| m.contains(':'))
         {
             return Err(PassthroughReason::Lora);
-        }
-        if chat && self.settings.chat_parsers {
-            return Err(PassthroughReason::ChatParsers);
         }
         let none = ModelDefaults::default();
         let d = if chat && self.settings.model_sampling_defaults {
@@ -540,6 +546,9 @@ impl Backend for SglangBackend {
     }
     fn kind(&self) -> &'static str {
         "sglang"
+    }
+    fn sglang_parsers(&self) -> Option<&SglangParsers> {
+        Some(&self.parsers)
     }
 }
 

@@ -138,15 +138,6 @@ fn what_specd_cannot_reproduce_passes_through() {
         b.prepare_sampling(false, &obj(json!({"model": "m:adapter"})), &mut s),
         Err(PassthroughReason::Lora)
     );
-    let parsers = SglangSettings {
-        chat_parsers: true,
-        ..SglangSettings::default()
-    };
-    let b = backend(parsers, ModelDefaults::default());
-    assert_eq!(
-        b.prepare_sampling(true, &Map::new(), &mut s),
-        Err(PassthroughReason::ChatParsers)
-    );
 }
 
 #[test]

@@ -34,6 +34,7 @@ fn setup(f: &Fixture, c: &Case) -> (Tools, Option<Reasoning>) {
             declared,
             delegated: false,
         })),
+        sglang: None,
     };
     let reasoning = with_reasoning.then(|| {
         let n2 = names.clone();

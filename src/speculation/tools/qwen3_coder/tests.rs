@@ -38,6 +38,7 @@ fn setup(f: &Fixture, c: &Case) -> (Tools, Option<Reasoning>) {
             declared,
             delegated: parser == Some(ReasoningParser::DeepseekR1),
         })),
+        sglang: None,
     };
     let reasoning = parser.map(|p| {
         if p == ReasoningParser::DeepseekR1 {
