@@ -401,17 +401,18 @@ fn step(
     finish(active, table, &done, &logits);
 }
 
-/// Decode steps the next engine call may chain: only when every job is a proposal that
-/// feeds one token, and no more than any of them still wants.
+/// Decode steps the next engine call may chain: only while a single proposal is in
+/// flight, feeding one token a step, and no more than it still wants. With several
+/// streams their requests arrive at different times, and a chain would hold a late one
+/// back by up to `k` steps (measured slower at 32 streams).
 fn chain_len(engine: &dyn Engine, active: &[Active]) -> usize {
-    let mut k = engine.max_chain();
-    for a in active {
-        if a.pending.len() != 1 || !matches!(a.want, Want::Proposal(_)) {
-            return 1;
-        }
-        k = k.min(a.max_k.saturating_sub(a.out.tokens.len()));
+    match active {
+        [a] if a.pending.len() == 1 && matches!(a.want, Want::Proposal(_)) => engine
+            .max_chain()
+            .min(a.max_k.saturating_sub(a.out.tokens.len()))
+            .max(1),
+        _ => 1,
     }
-    k.max(1)
 }
 
 /// `k` decode steps in one engine call (one host synchronization); each job takes its
