@@ -8,7 +8,10 @@
 # Env:   ANCHOR=none|graph|compile    also run the plain-PyTorch anchor (torch_decode_anchor.py
 #                                     beside this script) in that mode (default graph)
 #        SHAPES="qwen2.5-0.5b qwen2.5-1.5b"   BATCH=1,8,32   OUT=dir for logs
-#        VARIANTS=0                   skip the variant runs (the previous cuBLAS engine, PDL off, no graphs)
+#        VARIANTS=0                   skip the variant runs (one graph launch per token: the
+#                                     engine before chained decode steps, on every shape)
+#        VARIANTS=all                 also the older variants on the first shape (cuBLAS at
+#                                     batch 1, PDL off, no graphs)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REF="$HERE/draft_model_reference.py"
@@ -51,11 +54,18 @@ for s in $SHAPES; do
   run "$W/specd-bench" draft --model "$W/$s" --device cuda:0 --reference "$W/$s.ref.safetensors" --batch "$BATCH" --json | tee -a "$OUT/bench.txt"
 done
 first="${SHAPES%% *}"
-[ "${VARIANTS:-1}" = 1 ] || exit 0
+if [ "${VARIANTS:-1}" != 0 ]; then
+  echo "== variant: one graph launch and host synchronization per token (SPECD_DRAFT_CHAIN=1)"
+  for s in $SHAPES; do
+    SPECD_DRAFT_CHAIN=1 run "$W/specd-bench" draft --model "$W/$s" --device cuda:0 --batch "$BATCH" --json | tee -a "$OUT/bench-chain1.txt"
+  done
+fi
+if [ "${VARIANTS:-1}" = all ]; then
 echo "== variants on $first: the previous engine (cuBLAS at batch 1, no attention prefetch); without programmatic dependent launch; no CUDA graphs"
 SPECD_DRAFT_FUSED=0 SPECD_DRAFT_ATT_PREFETCH=0 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
 SPECD_DRAFT_PDL=0 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch "$BATCH" | tee -a "$OUT/bench.txt"
 run "$W/specd-bench" draft --model "$W/$first" --device cuda:0 --batch 1,32 --no-graphs --repeat 3 | tee -a "$OUT/bench.txt"
+fi
 
 if [ "$ANCHOR" != none ] && [ -f "$HERE/torch_decode_anchor.py" ]; then
   echo "== PyTorch anchor ($ANCHOR)"

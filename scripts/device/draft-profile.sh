@@ -40,8 +40,8 @@ for r in rows:
     name = r[ki].split("(")[0].split("<")[0].strip()
     per[name][0] += 1
     per[name][1] += float(r[vi].replace(",", "")) / 1e3  # ns -> µs
-# The bench's decode steps end in argmax_final; everything else is prompt and warm-up.
-n = max(1, per.get("argmax_final", [1])[0])
+# Every step ends in argmax_final (argmax_final_block at batch 1).
+n = max(1, per.get("argmax_final", [0])[0] + per.get("argmax_final_block", [0])[0])
 total = sum(v[1] for v in per.values())
 print(f"{len(rows)} kernels, {n} sampling steps; µs per step by kernel (sum over the run / steps):")
 for name, (c, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):

@@ -31,6 +31,8 @@ use crate::draft::DraftError;
 
 /// Batch sizes with a captured decode graph; a decode step is padded to the next one.
 const BUCKETS: [usize; 10] = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64];
+/// Decode steps one graph may chain (`SPECD_DRAFT_CHAIN` lowers it; 1 turns chaining off).
+const MAX_CHAIN: usize = 8;
 /// Blocks per row of the two-pass greedy sampling.
 const ARGMAX_BLOCKS: usize = 64;
 
@@ -91,6 +93,7 @@ fn bits16(t: &Tensor) -> Result<Vec<u16>, DraftError> {
 
 struct Kernels {
     embed: CudaFunction,
+    embed_next: CudaFunction,
     rmsnorm: CudaFunction,
     qkv_post: CudaFunction,
     attn: CudaFunction,
@@ -112,6 +115,16 @@ enum Input {
     Norm(u64),
     /// SiLU(gate)·up of a gate/up output.
     SiluMul,
+}
+
+/// Where a step takes its token ids and leaves its samples.
+#[derive(Clone, Copy)]
+struct StepIo {
+    /// The samples of the chained step before (whose positions advance by one) instead
+    /// of the uploaded ids.
+    prev_tok: Option<u64>,
+    tok: u64,
+    prob: u64,
 }
 
 struct LayerW {
@@ -151,6 +164,9 @@ struct Acts {
     out: Buf<u32>,
     tok: u64,
     prob: u64,
+    /// Samples of chained decode steps: tokens of step j at j * max_rows, then the
+    /// probabilities at (MAX_CHAIN + j) * max_rows: one download per chain.
+    chain: Buf<u32>,
     cos: Buf<f32>,
     sin: Buf<f32>,
 }
@@ -191,6 +207,10 @@ pub struct CudaEngine {
     sms: usize,
     use_graphs: bool,
     graphs: HashMap<usize, CudaGraph>,
+    /// Decode steps one `decode_chain` call runs as one graph (1: none chained).
+    chain: usize,
+    /// Graphs of `k` chained decode steps per (batch bucket, k).
+    chain_graphs: HashMap<(usize, usize), CudaGraph>,
     h_ids: Vec<i32>,
     h_pos: Vec<i32>,
     h_slot: Vec<i32>,
@@ -218,7 +238,9 @@ macro_rules! launch {
         unsafe { $e.launch_raw($f, $grid, $block, $smem, &mut __params) }
     }};
 }
+mod chain;
 mod exec;
+mod io;
 mod tune;
 use tune::{
     att_prefetch, kernel_source, GemvTune, Role, TcRole, TcTune, ROLE_KERNELS, TC_KERNELS, TC_TILES,
@@ -292,6 +314,7 @@ impl CudaEngine {
         let f = |n: &str| module.load_function(n).map_err(derr);
         let k = Kernels {
             embed: f("embed")?,
+            embed_next: f("embed_next")?,
             rmsnorm: f("rmsnorm")?,
             qkv_post: f("qkv_post")?,
             attn: f("attn")?,
@@ -405,6 +428,7 @@ impl CudaEngine {
             tok: out.p,
             prob: out.p + 4 * max_rows_padded as u64,
             out,
+            chain: alloc(&stream, 2 * MAX_CHAIN * max_rows_padded)?,
             x: alloc(&stream, t * h)?,
             h: alloc(&stream, t * h)?,
             qkv: alloc(&stream, t * (nh + 2 * nkv) * d)?,
@@ -472,6 +496,14 @@ impl CudaEngine {
             sms,
             use_graphs: l.graphs,
             graphs: HashMap::new(),
+            chain: std::env::var("SPECD_DRAFT_CHAIN")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(MAX_CHAIN)
+                .min(MAX_CHAIN)
+                .min(l.max_len)
+                .max(1),
+            chain_graphs: HashMap::new(),
             h_ids: Vec::new(),
             h_pos: Vec::new(),
             h_slot: Vec::new(),

@@ -92,6 +92,18 @@ extern "C" __global__ void embed(const int* __restrict__ ids, const u16* __restr
     for (int i = threadIdx.x; i < HIDDEN / 8; i += blockDim.x) dst[i] = src[i];
 }
 
+// A chained decode step: x[t] = embedding[prev[t]] (the step before's sample) at the
+// position after the step before's.
+extern "C" __global__ void embed_next(const int* __restrict__ prev, int* __restrict__ pos,
+                                      const u16* __restrict__ table, u16* __restrict__ x) {
+    pdl_enter();
+    int t = blockIdx.x;
+    if (threadIdx.x == 0) pos[t] += 1;
+    const uint4* src = (const uint4*)(table + (size_t)prev[t] * HIDDEN);
+    uint4* dst = (uint4*)(x + (size_t)t * HIDDEN);
+    for (int i = threadIdx.x; i < HIDDEN / 8; i += blockDim.x) dst[i] = src[i];
+}
+
 // out[r] = rmsnorm(x[rows ? rows[r] : r]) * w, rounded like the reference
 // (normalize in f32, round, multiply by the weight, round).
 extern "C" __global__ void rmsnorm(const u16* __restrict__ x, const u16* __restrict__ w,

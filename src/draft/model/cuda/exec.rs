@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
-use super::{derr, splits_for, CudaEngine, Input, Role, TcRole, ARGMAX_BLOCKS, BUCKETS, TC_TILES};
+use super::{derr, splits_for, CudaEngine, Input, Role, StepIo, TcRole, ARGMAX_BLOCKS, TC_TILES};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
@@ -80,7 +80,7 @@ impl CudaEngine {
 
     /// The layers of a one-token step as GEMV kernels that compute their own inputs
     /// (RMSNorm) and epilogues (bias + rotation + cache write, SiLU·mul, residual add).
-    fn encode_one(&self, splits: usize) -> Result<(), DraftError> {
+    fn encode_one(&self, splits: usize, io: StepIo) -> Result<(), DraftError> {
         let c = &self.cfg;
         let (h, d, nh, nkv, inter) = (
             c.hidden_size,
@@ -155,7 +155,7 @@ impl CudaEngine {
             (0, 0),
         )?;
         let nb = self.tune.lm_blocks(v) as i32;
-        launch!(self, &self.k.argmax_final_block, (1, 1, 1), 1024; a.am_part.p, nb, a.tok, a.prob)
+        launch!(self, &self.k.argmax_final_block, (1, 1, 1), 1024; a.am_part.p, nb, io.tok, io.prob)
     }
 
     /// Tensor-core projection `role` of `nt` tokens (2..=64) over `units` output units.
@@ -183,7 +183,7 @@ impl CudaEngine {
     /// A decode step of `nt` tokens (2..=64) on the tensor-core kernels: per layer the
     /// q/k/v projection with its RMSNorm, `qkv_post`, attention, the output projection
     /// adding into the residual, gate/up with its RMSNorm writing silu(gate)·up, down.
-    fn encode_tc(&self, nt: usize, splits: usize) -> Result<(), DraftError> {
+    fn encode_tc(&self, nt: usize, splits: usize, io: StepIo) -> Result<(), DraftError> {
         let c = &self.cfg;
         let (h, d, nh, nkv, inter) = (
             c.hidden_size,
@@ -242,7 +242,7 @@ impl CudaEngine {
             nt,
         )?;
         let nb = self.tc_tune.launch(TcRole::Lm, v).0 as i32;
-        launch!(self, &self.k.argmax_final, (ntu, 1, 1), 32; a.am_part.p, nb, a.tok, a.prob)
+        launch!(self, &self.k.argmax_final, (ntu, 1, 1), 32; a.am_part.p, nb, io.tok, io.prob)
     }
 
     /// y[n, o] (+)= in(x)[n, k] · W[o, k]ᵀ, where `in` is `input` applied to x.
@@ -325,7 +325,13 @@ impl CudaEngine {
     }
 
     /// Queue the whole forward for `nt` tokens already uploaded, sampling `nr` rows.
-    fn encode(&self, nt: usize, nr: usize, splits: usize) -> Result<(), DraftError> {
+    pub(super) fn encode(
+        &self,
+        nt: usize,
+        nr: usize,
+        splits: usize,
+        io: StepIo,
+    ) -> Result<(), DraftError> {
         let c = &self.cfg;
         let (h, d, nh, nkv, inter) = (
             c.hidden_size,
@@ -336,13 +342,18 @@ impl CudaEngine {
         );
         let a = &self.a;
         let ntu = nt as u32;
-        launch!(self, &self.k.embed, (ntu, 1, 1), 128; a.ids, self.embed, a.x.p)?;
+        match io.prev_tok {
+            None => launch!(self, &self.k.embed, (ntu, 1, 1), 128; a.ids, self.embed, a.x.p)?,
+            Some(prev) => {
+                launch!(self, &self.k.embed_next, (ntu, 1, 1), 128; prev, a.pos, self.embed, a.x.p)?
+            }
+        }
         if self.fused && nt == 1 {
-            return self.encode_one(splits);
+            return self.encode_one(splits, io);
         }
         // Every row one token: a decode step.
         if self.tc && nt == nr && nt <= 64 {
-            return self.encode_tc(nt, splits);
+            return self.encode_tc(nt, splits, io);
         }
         // Attention may prefetch cache rows only when each slot gets one new token.
         let decode = (nt == nr) as i32;
@@ -415,44 +426,23 @@ impl CudaEngine {
             true,
         )?;
         launch!(self, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, c.vocab_size as i32, a.am_part.p)?;
-        launch!(self, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, a.tok, a.prob)
+        launch!(self, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, io.tok, io.prob)
     }
 
-    fn upload_inputs(&mut self, n: usize, nr: usize) -> Result<(), DraftError> {
-        let t = self.max_tokens;
-        let mut inp = std::mem::take(&mut self.h_in);
-        inp.clear();
-        inp.resize(3 * t + nr, 0);
-        inp[..n].copy_from_slice(&self.h_ids[..n]);
-        inp[t..t + n].copy_from_slice(&self.h_pos[..n]);
-        inp[2 * t..2 * t + n].copy_from_slice(&self.h_slot[..n]);
-        inp[3 * t..].copy_from_slice(&self.h_rows[..nr]);
-        // SAFETY: the input buffer holds 4 * max_tokens i32 and nr <= max_tokens.
-        let r = unsafe { result::memcpy_htod_async(self.a.inp.p, &inp, self.stream.cu_stream()) };
-        self.h_in = inp;
-        r.map_err(derr)
-    }
-
-    fn download(&self, nr: usize) -> Result<Vec<Sample>, DraftError> {
-        let m = self.max_rows;
-        let mut out = vec![0u32; 2 * m];
-        // SAFETY: the output buffer holds 2 * max_rows u32 on the device and on the host.
-        unsafe { result::memcpy_dtoh_async(&mut out, self.a.out.p, self.stream.cu_stream()) }
-            .map_err(derr)?;
-        self.stream.synchronize().map_err(derr)?;
-        Ok((0..nr)
-            .map(|i| Sample {
-                token: out[i],
-                prob: f32::from_bits(out[m + i]),
-            })
-            .collect())
+    /// The step's own inputs and outputs (no chaining).
+    pub(super) fn plain_io(&self) -> StepIo {
+        StepIo {
+            prev_tok: None,
+            tok: self.a.tok,
+            prob: self.a.prob,
+        }
     }
 
     fn capture(&self, bucket: usize, splits: usize) -> Result<CudaGraph, DraftError> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(derr)?;
-        let queued = self.encode(bucket, bucket, splits);
+        let queued = self.encode(bucket, bucket, splits, self.plain_io());
         let graph = self
             .stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
@@ -477,51 +467,11 @@ impl Engine for CudaEngine {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let nt: usize = rows.iter().map(|r| r.tokens.len()).sum();
-        if rows.len() > self.max_rows || nt > self.max_tokens {
-            return Err(DraftError::Model(format!(
-                "step of {} rows / {nt} tokens exceeds the engine's buffers",
-                rows.len()
-            )));
-        }
-        for r in rows {
-            if r.slot >= self.max_slots
-                || r.tokens.is_empty()
-                || r.start + r.tokens.len() > self.max_len
-            {
-                return Err(DraftError::Model(format!(
-                    "row (slot {}, {} tokens at {}) out of range",
-                    r.slot,
-                    r.tokens.len(),
-                    r.start
-                )));
-            }
-        }
+        let nt = self.check_rows(rows)?;
         let decode = rows.iter().all(|r| r.tokens.len() == 1);
-        let bucket = BUCKETS
-            .iter()
-            .copied()
-            .find(|&b| b >= rows.len() && b <= self.max_rows);
+        let bucket = self.bucket(rows.len());
         let n = if decode { bucket.unwrap_or(nt) } else { nt };
-        self.h_ids.clear();
-        self.h_pos.clear();
-        self.h_slot.clear();
-        self.h_rows.clear();
-        for r in rows {
-            for (j, &t) in r.tokens.iter().enumerate() {
-                self.h_ids.push(t as i32);
-                self.h_pos.push((r.start + j) as i32);
-                self.h_slot.push(r.slot as i32);
-            }
-            self.h_rows.push(self.h_ids.len() as i32 - 1);
-        }
-        // Padding rows of a graph bucket: token 0 at position 0 of the spare slot.
-        while self.h_ids.len() < n {
-            self.h_rows.push(self.h_ids.len() as i32);
-            self.h_ids.push(0);
-            self.h_pos.push(0);
-            self.h_slot.push(self.max_slots as i32);
-        }
+        self.stage(rows, n);
         let nr = if decode { n } else { rows.len() };
         self.upload_inputs(n, nr)?;
         let splits = if decode {
@@ -534,7 +484,7 @@ impl Engine for CudaEngine {
             self.graphs[&n].launch().map_err(derr)?;
             self.download(nr)?
         } else {
-            self.encode(n, nr, splits)?;
+            self.encode(n, nr, splits, self.plain_io())?;
             let s = self.download(nr)?;
             if graphed {
                 // Captured after an eager run of the same shape, so that lazily loaded
@@ -571,5 +521,21 @@ impl Engine for CudaEngine {
 
     fn max_step_tokens(&self) -> usize {
         self.max_tokens
+    }
+
+    fn max_chain(&self) -> usize {
+        if self.use_graphs {
+            self.chain
+        } else {
+            1
+        }
+    }
+
+    fn decode_chain(
+        &mut self,
+        rows: &[RowStep<'_>],
+        k: usize,
+    ) -> Result<Vec<Vec<Sample>>, DraftError> {
+        self.chain_decode(rows, k)
     }
 }
