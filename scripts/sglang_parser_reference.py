@@ -7,7 +7,9 @@ Run with the SGLang venv (scripts/sglang-cpu-upstream.sh install):
 
 It records, as SGLang 0.5.23's chat serving composes them (`serving_chat.py`):
 - `partial`: `_partial_json_loads` (partial_json_parser's `loads`, then `raw_decode` on
-  extra data) of every prefix of a few call texts, with strings allowed and not;
+  extra data or an unbalanced closer) of every prefix of a few call texts and of texts
+  that take the wrapper's own paths, with strings allowed and not, and the name of
+  the exception where it raises;
 - `hermes`: the `hermes` detector on answers, whole (`_process_tool_calls`) and
   streamed chunk by chunk (`parse_stream_chunk`, `parse_stream_end` and
   `_check_for_unstreamed_tool_args` on the last);
@@ -36,6 +38,20 @@ CALL_TEXTS = [
     '{"name": "search", "parameters": {"query": "green river", "tags": ["a", "b\\"c"], '
     '"n": -1e5, "ok": true, "x": null}}',
     '{"name": "get_weather", "arguments": {"city": "S\\u00e3o Paulo", "days": [1, 2]}}',
+]
+
+# Texts on which `_partial_json_loads` leaves the library's plain path: leading
+# whitespace before extra data, a closer with nothing open ("pop from empty list"),
+# `fix_fast`'s assertions, `_fix`'s errors, Python-only whitespace, non-ASCII text.
+WRAPPER_TEXTS = [
+    '  {"name": "add", "arguments": {"a": 1}}  </tool_call>',
+    '{"name": "add", "arguments": {"a": [1, 2]}}}\n',
+    '{"a": [1] 2}',
+    '{"a": 1, 2}',
+    '{"a": 1, "b": 2 3}',
+    '\t"partial string',
+    '{"a": 1,\x1c',
+    ' {"city": "Z\u00fcrich", "n": -.5e} x',
 ]
 
 ANSWERS = [
@@ -74,16 +90,19 @@ def by_char(text):
 
 def partial_cases():
     out = []
-    for text in CALL_TEXTS:
+    for text in CALL_TEXTS + WRAPPER_TEXTS:
         for n in range(1, len(text) + 1):
             for strings in (True, False):
                 flags = Allow.ALL if strings else Allow.ALL & ~Allow.STR
                 try:
                     obj, end = _partial_json_loads(text[:n], flags)
                     res = {"value": json.dumps(obj, ensure_ascii=False), "end": end}
-                except Exception:
-                    res = None
-                out.append({"text": text[:n], "strings": strings, "result": res})
+                    raised = None
+                except Exception as e:
+                    res, raised = None, type(e).__name__
+                out.append(
+                    {"text": text[:n], "strings": strings, "result": res, "raised": raised}
+                )
     return out
 
 

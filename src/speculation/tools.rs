@@ -24,7 +24,6 @@ pub mod hermes_sglang;
 pub mod kimi_k2;
 pub mod llama3_json;
 pub mod partial_json;
-pub mod partial_json_sglang;
 pub mod pyjson;
 pub mod qwen3_coder;
 pub mod schema;

@@ -9,7 +9,7 @@
 //!   reader (`partial_json.rs`), sends the name first, then argument text as the common
 //!   prefix of successive readings, and the rest once the call's JSON is complete.
 
-use super::partial_json_sglang::{self as partial_json, Allow};
+use super::partial_json;
 use super::pyjson::{self, PyValue};
 use super::{Call, CallDelta, Extracted, StreamDelta};
 
@@ -209,10 +209,8 @@ impl Stream {
         if start >= current.len() {
             return None;
         }
-        let allow = Allow {
-            strings: self.name_sent,
-        };
-        let (mut obj, end_chars) = partial_json::loads(&current[start..], allow).ok()?;
+        let read = partial_json::sglang_loads(&current[start..], self.name_sent);
+        let (mut obj, end_chars) = read.ok()?;
         // Anything but an object fails one of the parser's lookups: an empty step.
         if !matches!(obj, PyValue::Dict(_)) {
             return None;

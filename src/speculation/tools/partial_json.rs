@@ -1,16 +1,35 @@
-//! The `partial_json_parser` library (0.2.1.1.post7) as vLLM's `partial_json_loads`
-//! (`vllm/tool_parsers/utils.py`) calls it: a prefix of a JSON document is completed
-//! (`fix_fast`, falling back on `_fix`), then read with `json.loads`; "Extra data" after
-//! a whole value reads the first value alone (`raw_decode`). Every quirk is kept —
-//! Python's character indexing (negative indices included), `str.strip`, the index of a
-//! stripped string applied to the unstripped one — since a streamed answer must split
-//! exactly as vLLM splits it. Only `STR` partialness varies in vLLM's calls: every
-//! other kind is always allowed.
+//! The `partial_json_parser` library (0.2.1.1.post7, in both servers' venvs) and the two
+//! wrappers the servers call it through. The library completes a prefix of a JSON
+//! document (`fix_fast`, falling back on `_fix`) and reads it with `json.loads`. Every
+//! quirk is kept — Python's character indexing (negative indices included), `str.strip`,
+//! the index of a stripped string applied to the unstripped one — since a streamed
+//! answer must split exactly as the server splits it. The wrappers differ in which
+//! exceptions they recover from, so the library's exceptions keep their kinds
+//! ([`Raised`]). Only `STR` partialness varies in the servers' calls: every other kind
+//! is always allowed.
 
 use super::pyjson::{self, PyValue};
 
-/// A Python exception: `IndexError` is caught by the enclosing array or object (it
-/// ends the document there); any other ends the whole parse.
+/// An exception out of the library or `json`, by the kinds the wrappers tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Raised {
+    /// `IndexError("pop from empty list")`: `fix_fast` met a closer with nothing open.
+    EmptyPop,
+    /// `AssertionError`: one of `fix_fast`'s own assertions.
+    Assertion,
+    /// `MalformedJSON`: `_fix` could not complete the text.
+    Malformed,
+    /// `PartialJSON`: `_fix` met a partial value of a kind not allowed.
+    Partial,
+    /// `json.JSONDecodeError("Extra data")`: a whole value, then more than whitespace.
+    ExtraData,
+    /// Any other `json.JSONDecodeError`.
+    Decode,
+}
+
+/// A Python exception inside the completion functions: `IndexError` is caught by the
+/// enclosing array or object (it ends the document there); any other ends the whole
+/// completion (`_fix` raises `MalformedJSON` for it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum E {
     Index,
@@ -28,20 +47,54 @@ enum Tail {
 /// A completion result: `None` is the library's `False` (partial, not allowed).
 type Completed = Option<(isize, Tail)>;
 
-/// `partial_json_loads(text, flags)`: the value and how many characters of `text` it
-/// took (all of them unless only a first value was read); `None` where vLLM's call
-/// raises. `strings`: `Allow.STR` is in the flags.
-pub fn loads(text: &str, strings: bool) -> Option<(PyValue, usize)> {
-    let s: Vec<char> = text.chars().collect();
-    let (head, tail) = fix_fast(&s, strings).ok()?;
-    match pyjson::loads_or_extra(&(head + &tail)) {
-        Ok(v) => Some((v, s.len())),
-        Err(true) => {
-            let (v, bytes) = pyjson::raw_decode(text)?;
-            Some((v, text[..bytes].chars().count()))
-        }
-        Err(false) => None,
+/// A value and how many characters of the text it took.
+pub type Loaded = (PyValue, usize);
+
+/// vLLM's `partial_json_loads(text, flags)` (`vllm/tool_parsers/utils.py`): "Extra data"
+/// reads the first value alone (`raw_decode` at the very start); every other exception
+/// is raised. `strings`: `Allow.STR` is in the flags.
+pub fn vllm_loads(text: &str, strings: bool) -> Result<Loaded, Raised> {
+    match library_loads(text, strings) {
+        Err(Raised::ExtraData) => raw_decode(text, 0),
+        r => r,
     }
+}
+
+/// SGLang's `_partial_json_loads(text, flags)` (`srt/function_call/utils.py`): "Extra
+/// data" and "pop from empty list" read the first value alone (`raw_decode` after the
+/// leading JSON whitespace); an `AssertionError` is raised as a `JSONDecodeError`.
+pub fn sglang_loads(text: &str, strings: bool) -> Result<Loaded, Raised> {
+    match library_loads(text, strings) {
+        Err(Raised::ExtraData | Raised::EmptyPop) => {
+            let blank = text.chars().take_while(|c| " \t\n\r".contains(*c)).count();
+            raw_decode(text, blank)
+        }
+        Err(Raised::Assertion) => Err(Raised::Decode),
+        r => r,
+    }
+}
+
+/// `partial_json_parser.loads(text, flags)`: `json.loads(head + tail)` of `fix_fast`.
+fn library_loads(text: &str, strings: bool) -> Result<Loaded, Raised> {
+    let s: Vec<char> = text.chars().collect();
+    let (head, tail) = fix_fast(&s, strings)?;
+    match pyjson::loads_or_extra(&(head + &tail)) {
+        Ok(v) => Ok((v, s.len())),
+        Err(true) => Err(Raised::ExtraData),
+        Err(false) => Err(Raised::Decode),
+    }
+}
+
+/// `JSONDecoder().raw_decode(text, start)`, `start` in characters: the value and the
+/// character where it ends.
+fn raw_decode(text: &str, start: usize) -> Result<Loaded, Raised> {
+    let from = text
+        .char_indices()
+        .nth(start)
+        .map_or(text.len(), |(b, _)| b);
+    let rest = &text[from..];
+    let (v, bytes) = pyjson::raw_decode(rest).ok_or(Raised::Decode)?;
+    Ok((v, start + rest[..bytes].chars().count()))
 }
 
 /// Python's `str.isspace` (and so `str.strip`).
@@ -288,12 +341,12 @@ fn complete_obj(s: &[char], strings: bool) -> Result<Completed, E> {
 
 /// `_fix`: the slice of `s` the completion keeps (the stripped text's index applied to
 /// `s` itself) and the completion.
-fn fix(s: &[char], strings: bool, top: bool) -> Result<(Vec<char>, String), E> {
+fn fix(s: &[char], strings: bool, top: bool) -> Result<(Vec<char>, String), Raised> {
     let a = s.iter().take_while(|&&c| py_space(c)).count();
     let b = s.len() - s[a..].iter().rev().take_while(|&&c| py_space(c)).count();
     let stripped = &s[a..b];
-    match complete_any(stripped, strings, top).map_err(|_| E::Other)? {
-        None => Err(E::Other),
+    match complete_any(stripped, strings, top).map_err(|_| Raised::Malformed)? {
+        None => Err(Raised::Partial),
         Some((index, tail)) => {
             let tail = match tail {
                 Tail::Done => String::new(),
@@ -321,7 +374,7 @@ struct Scan<'a> {
     last: (isize, char),
 }
 
-fn fix_fast(s: &[char], strings: bool) -> Result<Fixed, E> {
+fn fix_fast(s: &[char], strings: bool) -> Result<Fixed, Raised> {
     let tokens: Vec<(isize, char)> = s
         .iter()
         .enumerate()
@@ -346,9 +399,9 @@ fn fix_fast(s: &[char], strings: bool) -> Result<Fixed, E> {
         } else if !in_string {
             match c {
                 '}' | ']' => {
-                    let (_, open) = stack.pop().ok_or(E::Index)?;
+                    let (_, open) = stack.pop().ok_or(Raised::EmptyPop)?;
                     if (c == '}') != (open == '{') {
-                        return Err(E::Other);
+                        return Err(Raised::Assertion);
                     }
                 }
                 _ => stack.push((k, c)),
@@ -384,18 +437,18 @@ impl Scan<'_> {
         &self.stack[..self.stack.len() - 1]
     }
 
-    fn keep(&self, k: isize, stack: &[(isize, char)]) -> Result<Fixed, E> {
+    fn keep(&self, k: isize, stack: &[(isize, char)]) -> Result<Fixed, Raised> {
         Ok((text(upto(self.s, k)), closing(stack)))
     }
 
     /// `s[:k]` and `_fix(s[k:])`, closed by `stack`.
-    fn fixed_from(&self, k: isize, stack: &[(isize, char)]) -> Result<Fixed, E> {
+    fn fixed_from(&self, k: isize, stack: &[(isize, char)]) -> Result<Fixed, Raised> {
         let (h, t) = fix(from(self.s, k), self.strings, false)?;
         Ok((text(upto(self.s, k)) + &text(&h), t + &closing(stack)))
     }
 
     /// The text ends inside a string.
-    fn in_string(&self) -> Result<Fixed, E> {
+    fn in_string(&self) -> Result<Fixed, Raised> {
         let (s, (top_at, top_c)) = (self.s, self.top());
         let (lss, lse) = (self.lss, self.lse);
         if !self.strings {
@@ -429,7 +482,7 @@ impl Scan<'_> {
     }
 
     /// The text ends outside strings.
-    fn after_value(&self) -> Result<Fixed, E> {
+    fn after_value(&self) -> Result<Fixed, Raised> {
         let (s, (top_at, top_c)) = (self.s, self.top());
         let (last_i, last_c) = self.last;
         let comma = rfind(s, ",", self.lse.max(last_i) + 1, s.len() as isize);
@@ -438,7 +491,7 @@ impl Scan<'_> {
                 return self.keep(comma, &self.stack);
             }
             if top_c != '[' {
-                return Err(E::Other);
+                return Err(Raised::Assertion);
             }
             let mut probe = vec![top_c];
             probe.extend_from_slice(from(s, comma + 1));
@@ -447,7 +500,7 @@ impl Scan<'_> {
         match last_c {
             ']' | '}' => {
                 if !text(from(s, last_i + 1)).trim_matches(py_space).is_empty() {
-                    return Err(E::Other);
+                    return Err(Raised::Assertion);
                 }
                 Ok((text(s), closing(&self.stack)))
             }
@@ -459,7 +512,7 @@ impl Scan<'_> {
     }
 
     /// An object whose last token closed a key or a value.
-    fn after_string_in_object(&self, top_at: isize) -> Result<Fixed, E> {
+    fn after_string_in_object(&self, top_at: isize) -> Result<Fixed, Raised> {
         let s = self.s;
         let colon = rfind(s, ":", self.lse, s.len() as isize);
         let comma = rfind(s, ",", top_at + 1, self.lss);
@@ -481,7 +534,7 @@ impl Scan<'_> {
             return Ok((head, t + &closing(&self.stack)));
         }
         if colon <= comma {
-            return Err(E::Other);
+            return Err(Raised::Assertion);
         }
         rejoin(s, comma, &probe, self.strings, self.outer())
     }
@@ -501,7 +554,7 @@ fn rejoin(
     probe: &[char],
     strings: bool,
     rest: &[(isize, char)],
-) -> Result<Fixed, E> {
+) -> Result<Fixed, Raised> {
     let (h, t) = fix(probe, strings, false)?;
     let item = text(from(&h, 1));
     if item.is_empty() && trim_tail(&t).is_empty() {
@@ -516,7 +569,7 @@ fn before_last_key(
     container_start: isize,
     last_string_end: isize,
     stack: &[(isize, char)],
-) -> Result<Fixed, E> {
+) -> Result<Fixed, Raised> {
     let mut key = last_string_end;
     loop {
         key = rfind(s, "\"", container_start, key);
@@ -547,19 +600,29 @@ mod tests {
         };
         assert_eq!(done(r#"{"name": "get_w"#, false), Ok("{}".into()));
         assert_eq!(
-            done(r#"{"name": "f", "arguments": {"c"#, true),
-            Ok(r#"{"name": "f", "arguments": {}}"#.into())
-        );
-        assert_eq!(
             done(r#"{"name": "f", "arguments": {"city": "Os"#, true),
             Ok(r#"{"name": "f", "arguments": {"city": "Os"}}"#.into())
         );
         assert_eq!(done(r#"{"a": 1"#, true), Ok(r#"{"a": 1}"#.into()));
         assert_eq!(done("{", false), Ok("{}".into()));
-        let (v, n) = loads(r#"{"a": 1}; {"b""#, true).expect("first value");
-        assert_eq!(
-            (v.get("a").cloned(), n),
-            (Some(PyValue::Int("1".into())), 8)
-        );
+    }
+
+    /// The inputs on which the two servers' wrappers part ways.
+    #[test]
+    fn the_wrappers_recover_from_different_exceptions() {
+        let end = |r: Result<Loaded, Raised>| r.map(|(_, n)| n);
+        // "Extra data": both read the first value, SGLang after leading whitespace.
+        assert_eq!(end(vllm_loads(r#"{"a": 1}; {"b""#, true)), Ok(8));
+        assert_eq!(end(sglang_loads("\n{\"a\": 1} x", true)), Ok(9));
+        assert_eq!(end(vllm_loads("\n{\"a\": 1} x", true)), Err(Raised::Decode));
+        // A closer with nothing open.
+        assert_eq!(end(sglang_loads(r#"{"a": 1}}"#, true)), Ok(8));
+        assert_eq!(end(vllm_loads(r#"{"a": 1}}"#, true)), Err(Raised::EmptyPop));
+        // `fix_fast` asserting on text after a closed container.
+        assert_eq!(end(vllm_loads("[[1] x", true)), Err(Raised::Assertion));
+        assert_eq!(end(sglang_loads("[[1] x", true)), Err(Raised::Decode));
+        // `_fix`'s own exceptions pass through both.
+        assert_eq!(end(sglang_loads("\"ab", false)), Err(Raised::Partial));
+        assert_eq!(end(vllm_loads("x", true)), Err(Raised::Malformed));
     }
 }

@@ -79,7 +79,7 @@ fn hermes_equals_vllm() {
 /// and the `deepseek-r1` reasoning split.
 mod sglang_reference {
     use super::super::hermes_sglang;
-    use super::super::partial_json_sglang::{self as partial_json, Allow};
+    use super::super::partial_json::{self, Raised};
     use super::super::pyjson;
     use crate::speculation::reasoning::sglang as r1;
     use serde_json::Value;
@@ -92,21 +92,48 @@ mod sglang_reference {
         v.as_str().unwrap_or("")
     }
 
+    /// The name of the Python exception SGLang's wrapper lets out.
+    fn python_name(e: Raised) -> &'static str {
+        match e {
+            Raised::EmptyPop => "IndexError",
+            Raised::Assertion => "AssertionError",
+            Raised::Malformed => "MalformedJSON",
+            Raised::Partial => "PartialJSON",
+            Raised::ExtraData | Raised::Decode => "JSONDecodeError",
+        }
+    }
+
     #[test]
     fn partial_json_equals_partial_json_parser() {
         let r = reference();
         let cases = r["partial"].as_array().expect("partial");
         let mut bad = Vec::new();
+        // How often the library raised what SGLang's wrapper treats apart from vLLM's.
+        let mut paths = [0; 3];
         for c in cases {
-            let allow = Allow {
-                strings: c["strings"].as_bool().unwrap_or(true),
+            let (text, strings) = (s(&c["text"]), c["strings"].as_bool().unwrap_or(true));
+            let read = partial_json::sglang_loads(text, strings);
+            let got = match &read {
+                Ok((v, end)) => {
+                    serde_json::json!({"value": pyjson::dumps(v), "end": end, "raised": null})
+                }
+                Err(e) => {
+                    serde_json::json!({"value": null, "end": null, "raised": python_name(*e)})
+                }
             };
-            let got = partial_json::loads(s(&c["text"]), allow)
-                .ok()
-                .map(|(v, end)| serde_json::json!({"value": pyjson::dumps(&v), "end": end}));
-            let want = (!c["result"].is_null()).then(|| c["result"].clone());
+            let want = serde_json::json!({
+                "value": c["result"]["value"],
+                "end": c["result"]["end"],
+                "raised": c["raised"],
+            });
             if got != want {
-                bad.push(format!("{c}\n  specd {got:?}"));
+                bad.push(format!("{c}\n  specd {got}"));
+            }
+            match partial_json::vllm_loads(text, strings) {
+                Err(Raised::EmptyPop) => paths[0] += 1,
+                Err(Raised::Assertion) => paths[1] += 1,
+                Err(Raised::Decode) if read.is_ok() => paths[2] += 1,
+                _ => {}
             }
         }
         assert!(
@@ -116,6 +143,7 @@ mod sglang_reference {
             cases.len(),
             bad.join("\n")
         );
+        assert!(paths.iter().all(|&n| n > 0), "wrapper paths {paths:?}");
     }
 
     fn names(r: &Value) -> Vec<String> {

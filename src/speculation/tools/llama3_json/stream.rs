@@ -202,7 +202,7 @@ fn read_objects(current: &str, strings: bool) -> Result<Vec<(PyValue, bool)>, Ra
     let mut out = Vec::new();
     while start < chars.len() {
         let rest: String = chars[start..].iter().collect();
-        let (mut obj, end) = partial_json::loads(&rest, strings).ok_or(Raised)?;
+        let (mut obj, end) = partial_json::vllm_loads(&rest, strings).map_err(|_| Raised)?;
         let own: String = chars[start..(start + end).min(chars.len())]
             .iter()
             .collect();
