@@ -10,7 +10,7 @@ and none without tools; thinking on and off.
 """
 import sys
 
-from engine_tool_reference import Tok, pieces, requests, run, steps_of, write
+from engine_tool_reference import write_tool_cases
 
 MARKERS = [
     "<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
@@ -65,26 +65,5 @@ TEXTS = [
 ]
 
 
-def main():
-    tok = Tok(MARKERS)
-    im_start, think, end = tok.id("<|im_start|>"), tok.id("<think>"), tok.id("</think>")
-    prompts = [[im_start, tok.id("assistant\n"), think], [think, tok.id("r"), end]]
-    cases = []
-    for reasoning in (None, "kimi_k2"):
-        for kwargs in (None, {"thinking": False}):
-            for choice, req in requests(TOOLS):
-                for n, text in enumerate(TEXTS):
-                    variants = [(False, False, 0), (True, False, 0), (False, True, 1)]
-                    if kwargs is not None or choice != "auto":
-                        variants = variants[:1]
-                    for split, hold, pv in variants:
-                        prompt = prompts[pv if reasoning else 0]
-                        steps = steps_of(tok, pieces(text, split, MARKERS), hold)
-                        case = {"reasoning": reasoning, "kwargs": kwargs, "choice": choice,
-                                "prompt": prompt, "steps": steps}
-                        case.update(run("kimi_k2", reasoning, kwargs, tok, prompt, steps, req))
-                        cases.append(case)
-    write(sys.stdout, tok, TOOLS, cases)
-
-
-main()
+write_tool_cases(sys.stdout, "kimi_k2", MARKERS, TOOLS, TEXTS,
+                 [(r, k) for r in (None, "kimi_k2") for k in (None, {"thinking": False})])

@@ -30,6 +30,8 @@ import sys
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.parser.parser_manager import ParserManager
 
+from engine_tool_reference import Tok as StreamTok, pieces, run, steps_of, write_json
+
 
 class Tok:
     """The parser only looks its start token up."""
@@ -41,27 +43,6 @@ class Tok:
 SPECIAL = ["<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>"]
 MARKERS = ["<|python_tag|>", "<think>", "</think>"]
 EOS = "<|eot_id|>"
-
-
-class StreamTok:
-    """A tokenizer whose tokens are fixed strings (ids handed out on first use)."""
-
-    def __init__(self):
-        self.vocab = {}
-        for t in SPECIAL + MARKERS:
-            self.id(t)
-        self.all_special_tokens = list(SPECIAL)
-        self.all_special_ids = [self.vocab[t] for t in SPECIAL]
-
-    def id(self, text):
-        return self.vocab.setdefault(text, len(self.vocab) + 1)
-
-    def get_vocab(self):
-        return dict(self.vocab)
-
-    def decode(self, ids, **_):
-        back = {v: k for k, v in self.vocab.items()}
-        return "".join(back[i] for i in ids)
 
 
 W = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
@@ -96,73 +77,8 @@ STREAM_TEXTS = [
 ]
 
 
-def pieces(text, split, size_cycle):
-    """Cut `text` into tokens: markers whole (unless `split`), other text in runs of
-    the sizes of `size_cycle` in turn."""
-    out, i, n = [], 0, 0
-    every = SPECIAL + MARKERS
-    while i < len(text):
-        m = next((m for m in every if text.startswith(m, i)), None)
-        if m and not split:
-            out.append(m)
-            i += len(m)
-            continue
-        size = size_cycle[n % len(size_cycle)]
-        n += 1
-        if not split:
-            nxt = min((text.find(m, i + 1) for m in every if text.find(m, i + 1) > 0),
-                      default=len(text))
-            size = min(size, max(1, nxt - i))
-        out.append(text[i:i + size])
-        i += size
-    return out
-
-
-def steps_of(tok, toks, hold):
-    """One step per token, the last the unrendered EOS; `hold`: every third token's
-    text comes with the next one (as a stop string holds it back)."""
-    steps, held = [], ""
-    for k, t in enumerate(toks):
-        text = held + t
-        held = ""
-        if hold and k % 3 == 1:
-            held, text = text, ""
-        steps.append({"tokens": [[tok.id(t), t]], "text": text})
-    steps.append({"tokens": [[tok.id(EOS), EOS]], "text": held})
-    return steps
-
-
-def delta_json(d):
-    if d is None:
-        return None
-    calls = [[t.index, t.id, t.function.name if t.function else None,
-              t.function.arguments if t.function else None] for t in d.tool_calls or []]
-    return [d.reasoning, d.content, calls]
-
-
-def run_stream(reasoning, tok, prompt, steps, req):
-    cls = ParserManager.get_parser(tool_parser_name="llama3_json",
-                                   reasoning_parser_name=reasoning, enable_auto_tools=True)
-    make = lambda: cls(tok, req.tools, chat_template_kwargs=None)
-    ids = [i for s in steps for i, _ in s["tokens"]]
-    text = "".join(s["text"] for s in steps)
-    r, content, calls = make().parse(text, req, enable_auto_tools=True,
-                                     model_output_token_ids=ids)
-    p = make()
-    out = []
-    for k, s in enumerate(steps):
-        d = p.parse_delta(s["text"], [i for i, _ in s["tokens"]], req,
-                          prompt_token_ids=prompt, finished=k == len(steps) - 1)
-        out.append(delta_json(d))
-    return {
-        "whole": {"reasoning": r, "content": content,
-                  "calls": [[c.name, c.arguments] for c in calls or []]},
-        "deltas": out,
-    }
-
-
 def stream_cases():
-    tok = StreamTok()
+    tok = StreamTok(MARKERS, SPECIAL)
     start, think, end = tok.id("<|begin_of_text|>"), tok.id("<think>"), tok.id("</think>")
     # Reasoning open at the end of the prompt, and closed in it.
     prompts = [[start, tok.id("assistant\n")], [think, tok.id("r"), end]]
@@ -180,10 +96,12 @@ def stream_cases():
                     variants = [variants[0], variants[2]]
                 for split, sizes, hold, pv in variants:
                     prompt = prompts[pv if reasoning else 0]
-                    steps = steps_of(tok, pieces(text, split, sizes), hold)
+                    steps = steps_of(tok, pieces(text, split, MARKERS, SPECIAL, sizes), hold,
+                                     EOS)
                     case = {"reasoning": reasoning, "choice": choice, "prompt": prompt,
                             "steps": steps}
-                    case.update(run_stream(reasoning, tok, prompt, steps, req))
+                    case.update(run("llama3_json", reasoning, None, tok, prompt, steps, req,
+                                    whole_ids=False))
                     cases.append(case)
     return tok, cases
 
@@ -274,16 +192,8 @@ def main():
         whole.append({"text": text, "content": content,
                       "calls": [[c.name, c.arguments] for c in calls or []]})
     tok, streams = stream_cases()
-    # One case a line, so that a change in vLLM reads as a short diff.
-    out = sys.stdout
-    out.write('{"vocab": %s, "special": %s,\n"whole": [\n' % (
-        json.dumps(tok.get_vocab(), ensure_ascii=False), json.dumps(SPECIAL)))
-    out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in whole))
-    out.write('\n],\n"streams": [\n')
-    out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in streams))
-    out.write('\n],\n"partial": [\n')
-    out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in partial_cases()))
-    out.write("\n]}\n")
+    write_json(sys.stdout, {"vocab": tok.get_vocab(), "special": SPECIAL},
+               [("whole", whole), ("streams", streams), ("partial", partial_cases())])
 
 
 main()

@@ -14,7 +14,7 @@ parameters, and none without tools; thinking on and off.
 """
 import sys
 
-from engine_tool_reference import Tok, pieces, requests, run, steps_of, write
+from engine_tool_reference import write_tool_cases
 
 MARKERS = [
     "<think>", "</think>", "<tool_call>", "</tool_call>",
@@ -92,29 +92,6 @@ TEXTS = [
 ]
 
 
-def main():
-    tok = Tok(MARKERS)
-    im_start, think, end = tok.id("<|im_start|>"), tok.id("<think>"), tok.id("</think>")
-    prompts = [[im_start, tok.id("assistant\n"), think], [think, tok.id("r"), end]]
-    cases = []
-    for reasoning in (None, "qwen3", "deepseek_r1"):
-        for kwargs in (None, {"enable_thinking": False}):
-            if kwargs is not None and reasoning != "qwen3":
-                continue
-            for choice, req in requests(TOOLS):
-                for text in TEXTS:
-                    variants = [(False, False, 0), (True, False, 0), (False, True, 1)]
-                    if kwargs is not None or choice != "auto":
-                        variants = variants[:1]
-                    for split, hold, pv in variants:
-                        prompt = prompts[pv if reasoning else 0]
-                        steps = steps_of(tok, pieces(text, split, MARKERS), hold)
-                        case = {"reasoning": reasoning, "kwargs": kwargs, "choice": choice,
-                                "prompt": prompt, "steps": steps}
-                        case.update(run("qwen3_coder", reasoning, kwargs, tok, prompt, steps,
-                                        req))
-                        cases.append(case)
-    write(sys.stdout, tok, TOOLS, cases)
-
-
-main()
+write_tool_cases(sys.stdout, "qwen3_coder", MARKERS, TOOLS, TEXTS,
+                 [(r, k) for r in (None, "qwen3", "deepseek_r1")
+                  for k in (None, {"enable_thinking": False}) if k is None or r == "qwen3"])

@@ -14,13 +14,14 @@ stand-in (each token's text is fixed), so the cases can place markers as single 
 as text spelled over several tokens, and hold text back as a stop string does. `qwen3` also runs beside the `hermes` tool
 parser (`with_hermes`), as `--reasoning-parser qwen3 --tool-call-parser hermes` serves.
 """
-import json
 import sys
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.parser.parser_manager import ParserManager
 
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+from engine_tool_reference import (SPECIAL, Tok, drive, ids_of, pieces, run as run_tool,
+                                   steps_of, write_json)
+
 MARKERS = {
     "qwen3": ["<think>", "</think>", "<tool_call>", "</tool_call>"],
     "kimi_k2": [
@@ -29,49 +30,6 @@ MARKERS = {
         "<|tool_call_argument_begin|>",
     ],
 }
-EOS = "<|im_end|>"
-
-
-class Tok:
-    """A tokenizer whose tokens are fixed strings (ids handed out on first use)."""
-
-    def __init__(self, markers):
-        self.vocab = {}
-        for t in SPECIAL + markers:
-            self.id(t)
-        self.all_special_tokens = list(SPECIAL)
-        self.all_special_ids = [self.vocab[t] for t in SPECIAL]
-
-    def id(self, text):
-        return self.vocab.setdefault(text, len(self.vocab) + 1)
-
-    def get_vocab(self):
-        return dict(self.vocab)
-
-    def decode(self, ids, **_):
-        back = {v: k for k, v in self.vocab.items()}
-        return "".join(back[i] for i in ids)
-
-
-def pieces(text, markers, split_markers=False):
-    """Cut `text` into tokens: markers whole (unless `split_markers`), other text in
-    runs of 1, 2 and 3 characters."""
-    out, i, n = [], 0, 0
-    while i < len(text):
-        m = next((m for m in SPECIAL + markers if text.startswith(m, i)), None)
-        if m and not split_markers:
-            out.append(m)
-            i += len(m)
-            continue
-        size = 1 + n % 3
-        n += 1
-        nxt = min((text.find(m, i + 1) for m in SPECIAL + markers if text.find(m, i + 1) > 0), default=len(text))
-        size = min(size, max(1, nxt - i)) if not split_markers else size
-        out.append(text[i:i + size])
-        i += size
-    return out
-
-
 TEXTS = [
     "I add 2 and 3.\n</think>\n\nThe answer is 5.",
     "short",
@@ -102,51 +60,18 @@ KWARGS = {
 }
 
 
-def delta_json(d):
-    """A step's delta as [reasoning, content]; null where vLLM sends no chunk."""
-    if d is None:
-        return None
-    return [d.reasoning, d.content]
-
-
 def run(name, kwargs, tok, prompt, steps, req):
     cls = ParserManager.get_parser(reasoning_parser_name=name)
     make = lambda: cls(tok, None, chat_template_kwargs=kwargs)
-    ids = [i for s in steps for i, _ in s["tokens"]]
-    text = "".join(s["text"] for s in steps)
-    p = make()
-    reasoning, content, _ = p.parse(text, req, model_output_token_ids=ids)
-    whole_count = p.count_reasoning_tokens(ids)
-    p = make()
-    out = []
-    for k, s in enumerate(steps):
-        d = p.parse_delta(s["text"], [i for i, _ in s["tokens"]], req,
-                          prompt_token_ids=prompt, finished=k == len(steps) - 1)
-        out.append(delta_json(d))
+    # A step's delta as [reasoning, content]; null where vLLM sends no chunk.
+    delta = lambda d: None if d is None else [d.reasoning, d.content]
+    whole, (reasoning, content, _), p, out = drive(make, prompt, steps, req, delta)
     return {
-        "whole": {"reasoning": reasoning, "content": content, "count": whole_count},
+        "whole": {"reasoning": reasoning, "content": content,
+                  "count": whole.count_reasoning_tokens(ids_of(steps))},
         "deltas": out,
-        "stream_count": p.count_reasoning_tokens(ids),
+        "stream_count": p.count_reasoning_tokens(ids_of(steps)),
     }
-
-
-def steps_of(tok, toks, stop_eos, hold):
-    """One step per token; `hold`: every third token's text comes with the next one
-    (as a stop string holds it back); `stop_eos`: the last step is the unrendered EOS
-    (with any text still held)."""
-    steps, held = [], ""
-    for k, t in enumerate(toks):
-        text = held + t
-        held = ""
-        if hold and k % 3 == 1 and (k + 1 < len(toks) or stop_eos):
-            held, text = text, ""
-        steps.append({"tokens": [[tok.id(t), t]], "text": text})
-    if stop_eos or not steps:
-        # Held text comes out with the unrendered EOS, as a stop matcher releases it.
-        steps.append({"tokens": [[tok.id(EOS), EOS]], "text": held})
-    elif held:
-        steps[-1]["text"] += held
-    return steps
 
 
 TOOL_TEXTS = [
@@ -160,34 +85,6 @@ TOOL_TEXTS = [
 ]
 
 
-def run_with_tools(tok, prompt, steps, req):
-    """`qwen3` beside `hermes`: whole (reasoning, content, calls) and every step's
-    [reasoning, content, calls as [index, name, arguments]]."""
-    cls = ParserManager.get_parser(tool_parser_name="hermes", reasoning_parser_name="qwen3",
-                                   enable_auto_tools=True)
-    make = lambda: cls(tok, req.tools, chat_template_kwargs=None)
-    ids = [i for s in steps for i, _ in s["tokens"]]
-    text = "".join(s["text"] for s in steps)
-    reasoning, content, calls = make().parse(text, req, enable_auto_tools=True,
-                                             model_output_token_ids=ids)
-    p = make()
-    out = []
-    for k, s in enumerate(steps):
-        d = p.parse_delta(s["text"], [i for i, _ in s["tokens"]], req,
-                          prompt_token_ids=prompt, finished=k == len(steps) - 1)
-        if d is None:
-            out.append(None)
-            continue
-        tc = [[t.index, t.function.name if t.function else None,
-               t.function.arguments if t.function else None] for t in d.tool_calls]
-        out.append([d.reasoning, d.content, tc])
-    return {
-        "whole": {"reasoning": reasoning, "content": content,
-                  "calls": [[c.name, c.arguments] for c in calls or []]},
-        "deltas": out,
-    }
-
-
 def with_tools_cases():
     tok = Tok(MARKERS["qwen3"])
     im_start, think, end = tok.id("<|im_start|>"), tok.id("<think>"), tok.id("</think>")
@@ -199,9 +96,11 @@ def with_tools_cases():
                                     tools=tools, tool_choice=choice)
         for text in TOOL_TEXTS + TEXTS[:6]:
             for v, prompt in enumerate(prompts):
-                steps = steps_of(tok, pieces(text, MARKERS["qwen3"]), True, v == 1)
+                steps = steps_of(tok, pieces(text, False, MARKERS["qwen3"]), v == 1)
                 case = {"choice": choice, "prompt": prompt, "steps": steps}
-                case.update(run_with_tools(tok, prompt, steps, req))
+                # `qwen3` beside `hermes`.
+                case.update(run_tool("hermes", "qwen3", None, tok, prompt, steps, req,
+                                     whole_ids=False, delta_ids=False))
                 cases.append(case)
     return cases
 
@@ -217,10 +116,10 @@ def main():
         for n, kwargs in enumerate(KWARGS[name]):
             for text in TEXTS:
                 for split in (False, True)[: 2 if n == 0 else 1]:
-                    toks = pieces(text, markers, split)
+                    toks = pieces(text, split, markers)
                     for v, prompt in enumerate(prompts[: 3 if n == 0 else 1]):
                         stop_eos, hold = v != 1, v == 2
-                        steps = steps_of(tok, toks, stop_eos, hold)
+                        steps = steps_of(tok, toks, hold, stop_eos=stop_eos)
                         case = {"parser": name, "kwargs": kwargs, "prompt": prompt,
                                 "steps": steps}
                         case.update(run(name, kwargs, tok, prompt, steps, req))
@@ -228,13 +127,8 @@ def main():
     vocab = {}
     for name, markers in MARKERS.items():
         vocab[name] = {"tokens": Tok(markers).get_vocab(), "special": SPECIAL}
-    # One case a line, so that a change in vLLM reads as a short diff.
-    out = sys.stdout
-    out.write('{"vocab": %s,\n"cases": [\n' % json.dumps(vocab, ensure_ascii=False))
-    out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases))
-    out.write('\n],\n"with_hermes": [\n')
-    out.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in with_tools_cases()))
-    out.write("\n]}\n")
+    write_json(sys.stdout, {"vocab": vocab},
+               [("cases", cases), ("with_hermes", with_tools_cases())])
 
 
 main()

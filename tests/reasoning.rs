@@ -148,14 +148,14 @@ async fn engine_parsers_split_like_direct_vllm() {
             convs.push((c.0, c.1, extra));
         }
         split_like_direct(parser, convs).await;
-        stop_reasoning_upstream(parser);
+        reasoning_server(parser).stop();
     }
 }
 
 /// Every conversation, streamed and not, in `on` and `auto`, through specd started with
 /// `--reasoning-parser parser` in front of a vLLM running it: equal to direct vLLM.
 async fn split_like_direct(parser: &str, convs: Vec<(Vec<Value>, u32, Value)>) {
-    let up = reasoning_upstream(parser);
+    let up = reasoning_server(parser).upstream();
     let specd = Specd::start_ready(&up, &["--reasoning-parser", parser]).await;
     let mut bad = Vec::new();
     let mut equal = 0;
@@ -193,7 +193,7 @@ async fn split_like_direct(parser: &str, convs: Vec<(Vec<Value>, u32, Value)>) {
 
 #[tokio::test]
 async fn completions_stay_speculated_and_unparsed() {
-    let up = reasoning_upstream(PARSER);
+    let up = reasoning_server(PARSER).upstream();
     let specd = Specd::start_ready(&up, &["--reasoning-parser", PARSER]).await;
     let model = served_model(&up).await;
     // The chat prompt, written out: the answer holds `</think>`, which vLLM leaves in.
@@ -213,7 +213,7 @@ async fn completions_stay_speculated_and_unparsed() {
 
 #[tokio::test]
 async fn unimplemented_parsers_and_hidden_reasoning_pass_through() {
-    let up = reasoning_upstream(PARSER);
+    let up = reasoning_server(PARSER).upstream();
     let model = served_model(&up).await;
     let body = json!({"model": model, "messages": [user("Count to 4.")], "max_tokens": 32,
                       "temperature": 0, "speculation": {"mode": "on"}});

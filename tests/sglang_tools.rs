@@ -18,13 +18,13 @@ use tool_chat::*;
 
 #[tokio::test]
 async fn tool_calls_and_reasoning_equal_direct_sglang() {
-    let up = sglang_tools_upstream(true);
+    let up = sglang_tools_server(true).upstream();
     all_equal_direct_of(&up, &[], true).await;
 }
 
 #[tokio::test]
 async fn tool_calls_alone_equal_direct_sglang() {
-    let up = sglang_tools_upstream(false);
+    let up = sglang_tools_server(false).upstream();
     all_equal_direct_of(&up, &[], true).await;
 }
 
@@ -51,7 +51,7 @@ async fn through(up: &str, specd: &Specd, body: &Value) -> (u64, bool) {
 
 #[tokio::test]
 async fn specd_flags_must_agree_with_sglangs_parsers() {
-    let up = sglang_tools_upstream(true);
+    let up = sglang_tools_server(true).upstream();
     let model = served_model(&up).await;
     let body = json!({"model": model, "messages": [user("What is the weather in Oslo?")],
                       "tools": tools(), "max_tokens": 40, "temperature": 0});

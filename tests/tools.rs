@@ -19,7 +19,7 @@ const REASONING: &str = "deepseek_r1";
 
 #[tokio::test]
 async fn tool_calls_equal_direct_vllm() {
-    let up = tools_upstream(PARSER, None);
+    let up = tools_server(PARSER, None).upstream();
     all_equal_direct(
         &up,
         &["--tool-call-parser", PARSER, "--enable-auto-tool-choice"],
@@ -29,7 +29,7 @@ async fn tool_calls_equal_direct_vllm() {
 
 #[tokio::test]
 async fn tool_calls_after_reasoning_equal_direct_vllm() {
-    let up = tools_upstream(PARSER, Some(REASONING));
+    let up = tools_server(PARSER, Some(REASONING)).upstream();
     let args = [
         "--tool-call-parser",
         PARSER,
@@ -59,7 +59,7 @@ async fn passes_through(up: &str, specd: &Specd, body: &Value, reason: &str) {
 
 #[tokio::test]
 async fn constrained_tool_choices_and_other_parsers_pass_through() {
-    let up = tools_upstream(PARSER, None);
+    let up = tools_server(PARSER, None).upstream();
     let model = served_model(&up).await;
     let base = json!({"model": model, "messages": [user("What is the weather in Oslo?")],
                       "tools": tools(), "max_tokens": 40, "temperature": 0});

@@ -17,8 +17,9 @@ use common::*;
 async fn kimi_k2_tool_calls_equal_direct_vllm() {
     let tools = ["--tool-call-parser", "kimi_k2", "--enable-auto-tool-choice"];
     for reasoning in [false, true] {
-        let _stop = StopKimiTools(reasoning);
-        let up = kimi_tools_upstream(reasoning);
+        let server = kimi_tools_server(reasoning);
+        let _stop = server.stop_on_drop();
+        let up = server.upstream();
         let mut args = tools.to_vec();
         if reasoning {
             args.extend(["--reasoning-parser", "kimi_k2"]);

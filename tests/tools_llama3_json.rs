@@ -14,8 +14,9 @@ use common::*;
 
 #[tokio::test]
 async fn llama3_json_tool_calls_equal_direct_vllm() {
-    let _stop = StopLlama3Tools;
-    let up = llama3_tools_upstream();
+    let server = llama3_tools_server();
+    let _stop = server.stop_on_drop();
+    let up = server.upstream();
     let args = [
         "--tool-call-parser",
         "llama3_json",

@@ -22,8 +22,9 @@ async fn qwen3_coder_tool_calls_equal_direct_vllm() {
         "--enable-auto-tool-choice",
     ];
     for reasoning in [None, Some("qwen3"), Some("deepseek_r1")] {
-        let _stop = StopQwen3CoderTools(reasoning);
-        let up = qwen3_coder_tools_upstream(reasoning);
+        let server = qwen3_coder_tools_server(reasoning);
+        let _stop = server.stop_on_drop();
+        let up = server.upstream();
         let mut args = tools.to_vec();
         if let Some(r) = reasoning {
             args.extend(["--reasoning-parser", r]);

@@ -259,6 +259,100 @@ pub trait Calls {
     fn any(&self) -> bool;
 }
 
+/// `ParserEngine` with one config over one answer: the engine, the calls' states and
+/// the config's handling of tool events (`C`), and the content side of its deltas.
+#[derive(Debug)]
+pub struct Run<F: Format, C> {
+    engine: Engine<F>,
+    pub calls: C,
+    content: Content,
+    /// `tool_choice: "none"` with tools: tool events are ignored.
+    suppress: bool,
+}
+
+impl<F: Format, C: Clone> Clone for Run<F, C> {
+    fn clone(&self) -> Self {
+        Run {
+            engine: self.engine.clone(),
+            calls: self.calls.clone(),
+            content: self.content.clone(),
+            suppress: self.suppress,
+        }
+    }
+}
+
+impl<F: Format, C: Calls> Run<F, C> {
+    pub fn with(g: &Arc<F>, calls: C, suppress: bool) -> Self {
+        Run {
+            engine: Engine::new(g.clone()),
+            calls,
+            content: Content::default(),
+            suppress,
+        }
+    }
+
+    /// `extract_tool_calls_streaming`: one step's text and tokens.
+    pub fn step(&mut self, text: &str, ids: &[u32]) -> Option<StreamDelta> {
+        let events = self.engine.feed(text, ids);
+        self.delta(events, false)
+    }
+
+    /// `finish_streaming`: what the engine still holds.
+    pub fn finish(&mut self) -> Option<StreamDelta> {
+        let events = self.engine.finish();
+        if events.is_empty() && !self.content.waiting() {
+            return None;
+        }
+        self.delta(events, true)
+    }
+
+    /// `extract_tool_calls_from_content`'s pass over a whole text: its content, the
+    /// calls left in `calls` (for the config's `_build_extracted_result`).
+    pub fn whole_content(&mut self, text: &str) -> Option<String> {
+        let mut events = self.engine.feed(text, &[]);
+        events.extend(self.engine.finish());
+        self.delta(events, true).and_then(|d| d.content)
+    }
+
+    fn delta(&mut self, events: Vec<Ev>, finished: bool) -> Option<StreamDelta> {
+        self.content
+            .delta(events, finished, self.suppress, &mut self.calls)
+    }
+}
+
+/// A config's literals and terminals by token id: `named` (text, terminal, the token id
+/// where it is matched by id too), then the tokenizer's other special tokens (none of
+/// `configured`), dropped.
+pub fn literals<T: Terminal + Eq + std::hash::Hash>(
+    named: impl IntoIterator<Item = (&'static str, T, Option<u32>)>,
+    specials: &[(String, u32)],
+    configured: &[&str],
+    drop: T,
+) -> (Vec<Literal<T>>, HashMap<u32, T>) {
+    let (mut lits, mut ids) = (Vec::new(), HashMap::new());
+    for (text, term, id) in named {
+        if let Some(id) = id {
+            ids.insert(id, term);
+        }
+        lits.push(Literal {
+            text: text.to_string(),
+            term,
+            by_id: id.is_some(),
+        });
+    }
+    for (text, id) in specials {
+        if !configured.contains(&text.as_str()) {
+            ids.insert(*id, drop);
+            lits.push(Literal {
+                text: text.clone(),
+                term: drop,
+                by_id: true,
+            });
+        }
+    }
+    (lits, ids)
+}
+
 /// The content side of `_events_to_delta`: text after a tool event waits for the
 /// next delta that sends no call, and whitespace-only content waits for more (and is
 /// dropped once a call has started: `drop_whitespace_only_content_before_tools`).

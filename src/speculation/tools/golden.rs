@@ -4,14 +4,17 @@
 //! `generation::parse_step` composes them.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::Tools;
+use super::schema::Declared;
+use super::{Choice, EngineGrammar, EngineTools, Tools};
+use crate::config::ToolCallParser;
 use crate::speculation::generation::parse_step;
 use crate::speculation::output::read_whole;
-use crate::speculation::reasoning::Reasoning;
+use crate::speculation::reasoning::{engine::Texts, Reasoning};
 
 #[derive(Deserialize)]
 pub struct Fixture {
@@ -19,6 +22,54 @@ pub struct Fixture {
     pub special: Vec<String>,
     pub tools: Value,
     pub cases: Vec<Case>,
+}
+
+impl Fixture {
+    /// The stand-in tokenizer's special tokens and their ids.
+    pub fn specials(&self) -> Vec<(String, u32)> {
+        self.special
+            .iter()
+            .map(|t| (t.clone(), self.vocab[t]))
+            .collect()
+    }
+
+    /// The stand-in tokenizer's texts: a token's alone, and a sequence's.
+    pub fn texts(&self) -> Texts {
+        let names: HashMap<u32, String> = self.vocab.iter().map(|(k, v)| (*v, k.clone())).collect();
+        let names = Arc::new(names);
+        let n = names.clone();
+        Texts {
+            one: Arc::new(move |id| n.get(&id).cloned().unwrap_or_default()),
+            all: Arc::new(move |ids| ids.iter().filter_map(|i| names.get(i).cloned()).collect()),
+        }
+    }
+
+    /// Case `c`'s tool parsing with `grammar`: the fixture's tools declared unless the
+    /// case has none, `tool_choice` as the case's.
+    pub fn tools(
+        &self,
+        c: &Case,
+        parser: ToolCallParser,
+        grammar: EngineGrammar,
+        delegated: bool,
+    ) -> Tools {
+        let declared = (c.choice != "no_tools").then(|| Declared::of(&self.tools).expect("tools"));
+        let choice = if c.choice == "auto" {
+            Choice::Auto
+        } else {
+            Choice::None
+        };
+        Tools {
+            parser,
+            choice,
+            engine: Some(Arc::new(EngineTools {
+                grammar,
+                declared,
+                delegated,
+            })),
+            sglang: None,
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -16,10 +16,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::engine::{name_and_args, name_in_args, piece, strip, Calls, Content, Emit};
-use super::engine::{Engine, Ev, Format, St};
+use super::engine::{literals, name_and_args, name_in_args, piece, strip, Calls, Emit};
+use super::engine::{Ev, Format, Run, St};
 use super::schema::Declared;
-use super::{Call, CallDelta, StreamDelta};
+use super::{Call, CallDelta};
 use crate::speculation::reasoning::engine::DecodeOne;
 use crate::speculation::reasoning::lexer::{Literal, Terminal};
 
@@ -83,33 +83,12 @@ impl Grammar {
         specials: &[(String, u32)],
         one: DecodeOne,
     ) -> Self {
-        let named: Vec<(&str, KTerm)> = MARKERS
+        let named = MARKERS
             .into_iter()
             .filter(|(_, t)| thinking || !matches!(t, KTerm::ThinkStart | KTerm::ThinkEnd))
-            .collect();
-        let (mut lits, mut ids) = (Vec::new(), HashMap::new());
-        for &(text, term) in &named {
-            let id = vocab(text);
-            if let Some(id) = id {
-                ids.insert(id, term);
-            }
-            lits.push(Literal {
-                text: text.to_string(),
-                term,
-                by_id: id.is_some(),
-            });
-        }
+            .map(|(text, term)| (text, term, vocab(text)));
         // The think markers are configured texts even with thinking off: never dropped.
-        for (text, id) in specials {
-            if MARKERS.iter().all(|(t, _)| t != text) {
-                ids.insert(*id, KTerm::Drop);
-                lits.push(Literal {
-                    text: text.clone(),
-                    term: KTerm::Drop,
-                    by_id: true,
-                });
-            }
-        }
+        let (lits, ids) = literals(named, specials, &MARKERS.map(|(t, _)| t), KTerm::Drop);
         Grammar {
             lits,
             ids,
@@ -165,64 +144,27 @@ struct Slot {
 }
 
 /// `ParserEngine` with `KimiK2Parser`'s overrides, over one answer.
-#[derive(Debug, Clone)]
-pub struct Parser {
-    engine: Engine<Grammar>,
-    slots: Slots,
-    content: Content,
-    /// `tool_choice: "none"` with tools: tool events are ignored.
-    suppress: bool,
-}
-
-/// A step's content and call pieces (`DeltaMessage`), before the serving layer.
-type Delta = Option<StreamDelta>;
+pub type Parser = Run<Grammar, Slots>;
 
 impl Parser {
     pub fn new(g: &Arc<Grammar>, suppress: bool) -> Self {
-        Parser {
-            engine: Engine::new(g.clone()),
-            slots: Slots::default(),
-            content: Content::default(),
-            suppress,
-        }
-    }
-
-    /// `extract_tool_calls_streaming`: one step's text and tokens.
-    pub fn step(&mut self, text: &str, ids: &[u32]) -> Delta {
-        let events = self.engine.feed(text, ids);
-        self.delta(events, false)
-    }
-
-    /// `finish_streaming`: what the engine still holds.
-    pub fn finish(&mut self) -> Delta {
-        let events = self.engine.finish();
-        if events.is_empty() && !self.content.waiting() {
-            return None;
-        }
-        self.delta(events, true)
+        Run::with(g, Slots::default(), suppress)
     }
 
     /// `extract_tool_calls_from_content`: a whole text's content and calls (ids `None`
     /// where vLLM makes a random one).
     pub fn whole(mut self, text: &str, declared: Option<&Declared>) -> (Option<String>, Vec<Call>) {
-        let mut events = self.engine.feed(text, &[]);
-        events.extend(self.engine.finish());
-        let content = self.delta(events, true).and_then(|d| d.content);
-        let calls = self.slots.calls(declared);
+        let content = self.whole_content(text);
+        let calls = self.calls.calls(declared);
         // `_strip_content_whitespace` (kimi_k2 keeps surrounding whitespace).
         let content = content.filter(|c| calls.is_empty() || !strip(c).is_empty());
         (content.filter(|c| !c.is_empty()), calls)
-    }
-
-    fn delta(&mut self, events: Vec<Ev>, finished: bool) -> Delta {
-        self.content
-            .delta(events, finished, self.suppress, &mut self.slots)
     }
 }
 
 /// The calls' states (`_tool_slots`) and kimi_k2's handling of tool events.
 #[derive(Debug, Clone, Default)]
-struct Slots(Vec<Slot>);
+pub struct Slots(Vec<Slot>);
 
 impl Calls for Slots {
     fn on(&mut self, ev: Ev, calls: &mut Vec<CallDelta>) {

@@ -13,10 +13,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::engine::{name_and_args, name_in_args, piece, strip, Calls, Content, Emit};
-use super::engine::{Engine, Ev, Format, St};
+use super::engine::{literals, name_and_args, name_in_args, piece, strip, Calls, Emit};
+use super::engine::{Ev, Format, Run, St};
 use super::schema::Declared;
-use super::{Call, CallDelta, StreamDelta};
+use super::{Call, CallDelta};
 use crate::speculation::reasoning::engine::DecodeOne;
 use crate::speculation::reasoning::lexer::{Literal, Terminal};
 
@@ -80,28 +80,9 @@ impl Grammar {
         specials: &[(String, u32)],
         one: DecodeOne,
     ) -> Self {
-        let (mut lits, mut ids) = (Vec::new(), HashMap::new());
-        for (text, term, by_id) in MARKERS {
-            let id = by_id.then(|| vocab(text)).flatten();
-            if let Some(id) = id {
-                ids.insert(id, term);
-            }
-            lits.push(Literal {
-                text: text.to_string(),
-                term,
-                by_id: id.is_some(),
-            });
-        }
-        for (text, id) in specials {
-            if MARKERS.iter().all(|(t, ..)| t != text) {
-                ids.insert(*id, QTerm::Drop);
-                lits.push(Literal {
-                    text: text.clone(),
-                    term: QTerm::Drop,
-                    by_id: true,
-                });
-            }
-        }
+        let named =
+            MARKERS.map(|(text, term, by_id)| (text, term, by_id.then(|| vocab(text)).flatten()));
+        let (lits, ids) = literals(named, specials, &MARKERS.map(|(t, ..)| t), QTerm::Drop);
         Grammar {
             lits,
             ids,
@@ -162,54 +143,23 @@ struct Slot {
 }
 
 /// `ParserEngine` with the qwen3 config, over one answer.
-#[derive(Debug, Clone)]
-pub struct Parser {
-    engine: Engine<Grammar>,
-    slots: Slots,
-    content: Content,
-    /// `tool_choice: "none"` with tools: tool events are ignored.
-    suppress: bool,
-}
-
-/// A step's content and call pieces (`DeltaMessage`), before the serving layer.
-type Delta = Option<StreamDelta>;
+pub type Parser = Run<Grammar, Slots>;
 
 impl Parser {
     /// `declared`: the request's tools (`None` without tools).
     pub fn new(g: &Arc<Grammar>, declared: Option<&Declared>, suppress: bool) -> Self {
-        Parser {
-            engine: Engine::new(g.clone()),
-            slots: Slots {
-                slots: Vec::new(),
-                declared: declared.cloned(),
-            },
-            content: Content::default(),
-            suppress,
-        }
-    }
-
-    /// `extract_tool_calls_streaming`: one step's text and tokens.
-    pub fn step(&mut self, text: &str, ids: &[u32]) -> Delta {
-        let events = self.engine.feed(text, ids);
-        self.delta(events, false)
-    }
-
-    /// `finish_streaming`: what the engine still holds.
-    pub fn finish(&mut self) -> Delta {
-        let events = self.engine.finish();
-        if events.is_empty() && !self.content.waiting() {
-            return None;
-        }
-        self.delta(events, true)
+        let slots = Slots {
+            slots: Vec::new(),
+            declared: declared.cloned(),
+        };
+        Run::with(g, slots, suppress)
     }
 
     /// `extract_tool_calls_from_content`: a whole text's content and calls (ids are
     /// random: `None`).
     pub fn whole(mut self, text: &str) -> (Option<String>, Vec<Call>) {
-        let mut events = self.engine.feed(text, &[]);
-        events.extend(self.engine.finish());
-        let content = self.delta(events, true).and_then(|d| d.content);
-        let calls = self.slots.calls();
+        let content = self.whole_content(text);
+        let calls = self.calls.calls();
         // `_strip_content_whitespace` (qwen3 strips content beside calls).
         let content = match content {
             Some(c) if !calls.is_empty() => Some(strip(&c).to_string()),
@@ -217,17 +167,12 @@ impl Parser {
         };
         (content.filter(|c| !c.is_empty()), calls)
     }
-
-    fn delta(&mut self, events: Vec<Ev>, finished: bool) -> Delta {
-        self.content
-            .delta(events, finished, self.suppress, &mut self.slots)
-    }
 }
 
 /// The calls' states (`_tool_slots`) and the base `ParserEngine`'s handling of tool
 /// events, with the qwen3 argument converter.
 #[derive(Debug, Clone)]
-struct Slots {
+pub struct Slots {
     slots: Vec<Slot>,
     declared: Option<Declared>,
 }

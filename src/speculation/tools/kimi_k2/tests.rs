@@ -2,46 +2,22 @@
 //! reasoning parser), run by scripts/kimi_k2_tool_reference.py on the same tokens:
 //! whole answers and streams step by step (`tools::golden`).
 
-use std::collections::HashMap;
-
 use super::*;
 use crate::config::{ReasoningParser, ToolCallParser};
 use crate::speculation::reasoning::{engine, thinking, Reasoning};
 use crate::speculation::tools::golden::{self, Case, Fixture};
-use crate::speculation::tools::{Choice, EngineGrammar, EngineTools, Tools};
+use crate::speculation::tools::{EngineGrammar, Tools};
 
 fn setup(f: &Fixture, c: &Case) -> (Tools, Option<Reasoning>) {
     let on = thinking(ReasoningParser::KimiK2, c.kwargs.as_ref()).expect("kwargs");
-    let names: HashMap<u32, String> = f.vocab.iter().map(|(k, v)| (*v, k.clone())).collect();
-    let names = Arc::new(names);
-    let specials: Vec<(String, u32)> = f.special.iter().map(|t| (t.clone(), f.vocab[t])).collect();
+    let specials = f.specials();
     let vocab = |t: &str| f.vocab.get(t).copied();
-    let n1 = names.clone();
-    let one: DecodeOne = Arc::new(move |id| n1.get(&id).cloned().unwrap_or_default());
+    let texts = f.texts();
     let with_reasoning = c.reasoning.is_some();
-    let grammar = Grammar::new(on, !with_reasoning, vocab, &specials, one.clone());
-    let declared = (c.choice != "no_tools").then(|| Declared::of(&f.tools).expect("tools"));
-    let choice = if c.choice == "auto" {
-        Choice::Auto
-    } else {
-        Choice::None
-    };
-    let tools = Tools {
-        parser: ToolCallParser::KimiK2,
-        choice,
-        engine: Some(Arc::new(EngineTools {
-            grammar: EngineGrammar::KimiK2(Arc::new(grammar)),
-            declared,
-            delegated: false,
-        })),
-        sglang: None,
-    };
+    let grammar = Grammar::new(on, !with_reasoning, vocab, &specials, texts.one.clone());
+    let grammar = EngineGrammar::KimiK2(Arc::new(grammar));
+    let tools = f.tools(c, ToolCallParser::KimiK2, grammar, false);
     let reasoning = with_reasoning.then(|| {
-        let n2 = names.clone();
-        let texts = engine::Texts {
-            one,
-            all: Arc::new(move |ids| ids.iter().filter_map(|i| n2.get(i).cloned()).collect()),
-        };
         let g = engine::Grammar::new(ReasoningParser::KimiK2, on, vocab, &specials, texts);
         Reasoning::with_grammar(ReasoningParser::KimiK2, g)
     });
