@@ -1,6 +1,17 @@
 // One-token kernels of specd's CUDA draft-model engine, compiled after kernels.cu (whose
 // helpers and macros they use) in one NVRTC module.
 
+// A weight load: weights are read once per token, so they skip L1 and leave L2 first,
+// keeping the step's activations and cached keys/values there (docs/draft-model.md has
+// the measurement). Volatile keeps every load ahead of the griddepcontrol.wait.
+__device__ __forceinline__ uint4 ldw(const uint4* p) {
+    uint4 v;
+    asm volatile("{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"
+                 " ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol; }"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // One-token projection y[o] (+)= sum_k xin[k] * W[o, k] with the input in registers:
 // MODE 0 takes x as is, MODE 1 RMSNorm(x) * nw (each warp computes the norm itself). A
 // warp owns R output units of the whole row, or with S > 1 one of S slices of the
@@ -14,17 +25,6 @@
 // OUT 3 rows i and i + HD/2 of a q/k/v head, adding the bias, rotating q and k at
 // position pos[0] and writing q to y and k/v to the cache of slot[0] (no qk-norm).
 // O counts units. Rounding follows the reference as in the unfused kernels.
-// A weight load: weights are read once per token, so they skip L1 and leave L2 first,
-// keeping the step's activations and cached keys/values there (docs/draft-model.md has
-// the measurement). Volatile keeps every load ahead of the griddepcontrol.wait.
-__device__ __forceinline__ uint4 ldw(const uint4* p) {
-    uint4 v;
-    asm volatile("{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"
-                 " ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol; }"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
 template <int K, int MODE, int R, int S, int OUT>
 __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* __restrict__ x,
                                           const u16* __restrict__ nw, void* __restrict__ y,
