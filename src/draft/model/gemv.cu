@@ -1,6 +1,17 @@
 // One-token kernels of specd's CUDA draft-model engine, compiled after kernels.cu (whose
 // helpers and macros they use) in one NVRTC module.
 
+// A weight load: weights are read once per token, so they skip L1 and leave L2 first,
+// keeping the step's activations and cached keys/values there (docs/draft-model.md has
+// the measurement). Volatile keeps every load ahead of the griddepcontrol.wait.
+__device__ __forceinline__ uint4 ldw(const uint4* p) {
+    uint4 v;
+    asm volatile("{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"
+                 " ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol; }"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // One-token projection y[o] (+)= sum_k xin[k] * W[o, k] with the input in registers:
 // MODE 0 takes x as is, MODE 1 RMSNorm(x) * nw (each warp computes the norm itself). A
 // warp owns R output units of the whole row, or with S > 1 one of S slices of the
@@ -47,7 +58,7 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
     for (int j = 0; j < CPL; ++j) {
         int c = (j * S + s) * 32 + lane;
 #pragma unroll
-        for (int r = 0; r < NR; ++r) wv[r][j] = c < NC ? __ldg(rows[r] + c) : make_uint4(0, 0, 0, 0);
+        for (int r = 0; r < NR; ++r) wv[r][j] = c < NC ? ldw(rows[r] + c) : make_uint4(0, 0, 0, 0);
     }
     pdl_enter();
     const uint4* xv = (const uint4*)x;

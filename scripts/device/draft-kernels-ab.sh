@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Compare kernel sources of specd's CUDA draft-model engine in one session on a GPU
+# machine, without rebuilding the binary (measured on an NVIDIA H200 with this script).
+# Each DIR holds kernels.cu, gemv.cu and mma.cu, read at model load through
+# SPECD_DRAFT_KERNELS. The first DIR runs draft-bench.sh (models, references, the tiny
+# checks, BATCH streams); then every DIR, and the first again at the end, runs the
+# reference check and the speed at VBATCH streams on both shapes.
+#
+# Usage: draft-kernels-ab.sh DIR...   (env: BATCH=1,32 VBATCH=1 OUT=dir for logs)
+# e.g. with the kernels of the previous commit as "before":
+#   mkdir -p .device/before .device/after
+#   for f in kernels.cu gemv.cu mma.cu; do git show HEAD~1:src/draft/model/$f >.device/before/$f
+#     cp src/draft/model/$f .device/after/; done
+#   bash scripts/device/draft-kernels-ab.sh .device/before .device/after
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+OUT="${OUT:-/tmp/specd-draft-bench}"
+W=/tmp/specd-draft-work
+[ $# -ge 1 ] || { echo "usage: $0 DIR..."; exit 2; }
+dirs=()
+for d in "$@"; do dirs+=("$(cd "$d" && pwd)"); done
+mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1
+SPECD_DRAFT_KERNELS="${dirs[0]}" BATCH="${BATCH:-1,32}" VARIANTS=0 ANCHOR=none \
+  bash "$HERE/draft-bench.sh" "${BIN_GZ:-$HERE/specd-bench.gz}" >"$OUT/bench-first.log" 2>&1
+grep -E '^\| [0-9]|check:|^\$ |FAIL|rror|panick' "$OUT/bench-first.log" | cut -c1-150
+CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
+export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for d in "${dirs[@]}" "${dirs[0]}"; do
+  for m in qwen2.5-0.5b qwen2.5-1.5b; do
+    echo "-- $d $m"
+    SPECD_DRAFT_KERNELS="$d" timeout 120 "$W/specd-bench" draft --model "$W/$m" --device cuda:0 \
+      --reference "$W/$m.ref.safetensors" --batch "${VBATCH:-1}" 2>&1 |
+      tee -a "$OUT/kernels-ab.log" | grep -E 'check:|^\| [0-9]|FAIL|rror|panick' | cut -c1-150
+  done
+done
