@@ -119,6 +119,14 @@ pub struct Specd {
 
 impl Drop for Specd {
     fn drop(&mut self) {
+        // A failing test's report carries specd's last log lines (warnings and errors
+        // unless SPECD_LOG asks for more).
+        if std::thread::panicking() {
+            if let Ok(logs) = self.logs.lock() {
+                let tail = &logs[logs.len().saturating_sub(60)..];
+                eprintln!("--- specd's last log lines:\n{}", tail.join("\n"));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

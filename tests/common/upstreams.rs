@@ -132,6 +132,21 @@ impl TestServer {
         }
     }
 
+    /// The end of the server's log on stderr: what a failed test's report needs to tell
+    /// a slow or stuck server from a fault of specd's.
+    pub fn print_log_tail(&self) {
+        let dir = match self.engine {
+            Engine::Vllm => format!("vllm-{}", self.served),
+            Engine::Sglang => format!("sglang-{}", self.served),
+        };
+        let path = specd::config::cache_dir().join("run").join(dir).join("log");
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!("--- last lines of {}:\n{}", path.display(), tail.join("\n"));
+        }
+    }
+
     /// A guard that stops it when dropped (for a server only one test uses).
     pub fn stop_on_drop(&self) -> StopServer {
         StopServer(self.clone())
@@ -156,6 +171,9 @@ pub struct StopServer(TestServer);
 
 impl Drop for StopServer {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.print_log_tail();
+        }
         self.0.stop();
     }
 }
