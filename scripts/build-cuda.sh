@@ -32,9 +32,11 @@ for lib in cudart:13 nvrtc:13 curand:10 cublas:13 cublasLt:13; do
   [ -e "$CUDA_HOME/lib/lib$name.so" ] || ln -s "lib$name.so.$ver" "$CUDA_HOME/lib/lib$name.so"
 done
 
-# Driver stub: every cu* function that cudarc's driver bindings declare, as a dummy.
+# Driver stub: every cu* function that cudarc's driver bindings declare, as a dummy
+# (their sources come with the locked dependencies; a fresh machine fetches them first).
 STUB_DIR="$CUDA_HOME/lib/stubs"
 if [ ! -e "$STUB_DIR/libcuda.so" ]; then
+  (cd "$ROOT" && cargo fetch --locked >/dev/null)
   "$ROOT/scripts/make-libcuda-stub.sh" "$STUB_DIR"
 fi
 
