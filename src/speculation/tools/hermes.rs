@@ -32,7 +32,7 @@ pub fn extract(text: &str) -> Extracted {
 
 /// The bodies `re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", DOTALL)`
 /// captures: closed regions in order, then at most one open to the end.
-fn regions(text: &str) -> Vec<&str> {
+pub(super) fn regions(text: &str) -> Vec<&str> {
     scan(text).into_iter().map(|(body, _)| body).collect()
 }
 

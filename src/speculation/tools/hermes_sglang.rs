@@ -9,6 +9,7 @@
 //!   reader (`partial_json.rs`), sends the name first, then argument text as the common
 //!   prefix of successive readings, and the rest once the call's JSON is complete.
 
+use super::hermes::regions;
 use super::partial_json;
 use super::pyjson::{self, PyValue};
 use super::{Call, CallDelta, Extracted, StreamDelta};
@@ -46,27 +47,6 @@ pub fn extract(text: &str, names: &[String]) -> Option<Extracted> {
         content: Some(normal),
         calls,
     })
-}
-
-/// The bodies `re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", DOTALL)`
-/// captures, closed regions first, then at most one open to the end.
-fn regions(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while let Some(s) = text[pos..].find(START) {
-        let body = pos + s + START.len();
-        match text[body..].find(END) {
-            Some(e) => {
-                out.push(&text[body..body + e]);
-                pos = body + e + END.len();
-            }
-            None => {
-                out.push(&text[body..]);
-                break;
-            }
-        }
-    }
-    out
 }
 
 /// `parse_base_json` of one action: `Ok(None)` for a call to an unknown function,

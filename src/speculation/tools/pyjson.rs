@@ -31,16 +31,7 @@ impl PyValue {
 
 /// `json.loads(text)`: `None` where Python raises.
 pub fn loads(text: &str) -> Option<PyValue> {
-    let mut p = Parser {
-        s: text.as_bytes(),
-        text,
-        i: 0,
-        depth: 0,
-    };
-    p.ws();
-    let v = p.value()?;
-    p.ws();
-    (p.i == p.s.len()).then_some(v)
+    loads_or_extra(text).ok()
 }
 
 /// `json.loads(text)` telling Python's "Extra data" error (a whole value followed by
