@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{CallDelta, StreamDelta};
+use crate::speculation::reasoning::engine::DecodeOne;
 use crate::speculation::reasoning::lexer::{Lexed, Lexer, Literal, Scanned, Scanner, Terminal};
 
 /// The engine's states the tool adapter reaches (it starts in content).
@@ -43,8 +44,7 @@ pub enum Emit {
 /// One config of the engine bound to the served model's vocabulary.
 pub trait Format: std::fmt::Debug + Send + Sync {
     type T: Terminal + Eq + std::hash::Hash + Send + Sync;
-    fn lits(&self) -> &[Literal<Self::T>];
-    fn ids(&self) -> &HashMap<u32, Self::T>;
+    fn vocab(&self) -> &Vocab<Self::T>;
     /// The transition from `st` on `term`, if the config has one.
     fn transition(&self, st: St, term: Self::T) -> Option<(St, &'static [Emit])>;
     /// No reasoning parser runs and `term` is reasoning-only markup: it stays text
@@ -52,8 +52,6 @@ pub trait Format: std::fmt::Debug + Send + Sync {
     fn markup_as_text(&self, term: Self::T) -> bool;
     /// `tool_args_json`: arguments are a JSON body (closing braces held back).
     fn json_args(&self) -> bool;
-    /// A token's text decoded alone.
-    fn token_text(&self, id: u32) -> String;
 }
 
 /// `StreamingParserEngine` with one config, started in content.
@@ -107,10 +105,11 @@ impl<F: Format> Engine<F> {
 
     /// One step's released text and its token ids.
     pub fn feed(&mut self, text: &str, ids: &[u32]) -> Vec<Ev> {
-        let step: Vec<(u32, String)> = ids.iter().map(|&i| (i, self.g.token_text(i))).collect();
+        let one = &self.g.vocab().one;
+        let step: Vec<(u32, String)> = ids.iter().map(|&i| (i, one(i))).collect();
         self.ever_ids |= !step.is_empty();
         let g = self.g.clone();
-        let items = self.scanner.scan(g.ids(), text, &step);
+        let items = self.scanner.scan(&g.vocab().ids, text, &step);
         self.items(items)
     }
 
@@ -118,7 +117,7 @@ impl<F: Format> Engine<F> {
         let items = self.scanner.flush();
         let mut events = self.items(items);
         let g = self.g.clone();
-        let rest = self.lexer.flush(g.lits());
+        let rest = self.lexer.flush(&g.vocab().lits);
         events.extend(self.lexed(rest));
         if !self.args.is_empty() {
             events.push(Ev::Arg(self.idx(), std::mem::take(&mut self.args)));
@@ -142,7 +141,7 @@ impl<F: Format> Engine<F> {
         for item in items {
             match item {
                 Scanned::Term { term, text } => {
-                    let rest = self.lexer.flush(g.lits());
+                    let rest = self.lexer.flush(&g.vocab().lits);
                     events.extend(self.lexed(rest));
                     events.extend(self.terminal(term, text));
                 }
@@ -152,7 +151,7 @@ impl<F: Format> Engine<F> {
                     count,
                 } => {
                     if !text.is_empty() {
-                        let lexed = self.lexer.feed(g.lits(), &text, &token_texts, count);
+                        let lexed = self.lexer.feed(&g.vocab().lits, &text, &token_texts, count);
                         events.extend(self.lexed(lexed));
                     }
                 }
@@ -320,37 +319,46 @@ impl<F: Format, C: Calls> Run<F, C> {
     }
 }
 
-/// A config's literals and terminals by token id: `named` (text, terminal, the token id
-/// where it is matched by id too), then the tokenizer's other special tokens (none of
-/// `configured`), dropped.
-pub fn literals<T: Terminal + Eq + std::hash::Hash>(
-    named: impl IntoIterator<Item = (&'static str, T, Option<u32>)>,
-    specials: &[(String, u32)],
-    configured: &[&str],
-    drop: T,
-) -> (Vec<Literal<T>>, HashMap<u32, T>) {
-    let (mut lits, mut ids) = (Vec::new(), HashMap::new());
-    for (text, term, id) in named {
-        if let Some(id) = id {
-            ids.insert(id, term);
-        }
-        lits.push(Literal {
-            text: text.to_string(),
-            term,
-            by_id: id.is_some(),
-        });
-    }
-    for (text, id) in specials {
-        if !configured.contains(&text.as_str()) {
-            ids.insert(*id, drop);
+/// A config's literals and terminals by token id, and a token's text decoded alone.
+pub struct Vocab<T> {
+    pub lits: Vec<Literal<T>>,
+    pub ids: HashMap<u32, T>,
+    pub one: DecodeOne,
+}
+
+impl<T: Terminal + Eq + std::hash::Hash> Vocab<T> {
+    /// `named` (text, terminal, the token id where it is matched by id too), then the
+    /// tokenizer's other special tokens (none of `configured`), dropped.
+    pub fn new(
+        named: impl IntoIterator<Item = (&'static str, T, Option<u32>)>,
+        specials: &[(String, u32)],
+        configured: &[&str],
+        drop: T,
+        one: DecodeOne,
+    ) -> Self {
+        let (mut lits, mut ids) = (Vec::new(), HashMap::new());
+        for (text, term, id) in named {
+            if let Some(id) = id {
+                ids.insert(id, term);
+            }
             lits.push(Literal {
-                text: text.clone(),
-                term: drop,
-                by_id: true,
+                text: text.to_string(),
+                term,
+                by_id: id.is_some(),
             });
         }
+        for (text, id) in specials {
+            if !configured.contains(&text.as_str()) {
+                ids.insert(*id, drop);
+                lits.push(Literal {
+                    text: text.clone(),
+                    term: drop,
+                    by_id: true,
+                });
+            }
+        }
+        Vocab { lits, ids, one }
     }
-    (lits, ids)
 }
 
 /// The content side of `_events_to_delta`: text after a tool event waits for the

@@ -13,15 +13,14 @@
 //! argument values to the called tool's schema types (`schema.rs`); streamed fragments
 //! are the raw text.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::engine::{literals, name_and_args, name_in_args, piece, strip, Calls, Emit};
-use super::engine::{Ev, Format, Run, St};
+use super::engine::{name_and_args, name_in_args, piece, strip, Calls, Emit};
+use super::engine::{Ev, Format, Run, St, Vocab};
 use super::schema::Declared;
 use super::{Call, CallDelta};
 use crate::speculation::reasoning::engine::DecodeOne;
-use crate::speculation::reasoning::lexer::{Literal, Terminal};
+use crate::speculation::reasoning::lexer::Terminal;
 
 /// The config's terminals (`THINK_START` … `ARG_START`), and a dropped special token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,19 +54,17 @@ const MARKERS: [(&str, KTerm); 7] = [
 
 /// The config bound to the served model's vocabulary and the request.
 pub struct Grammar {
-    lits: Vec<Literal<KTerm>>,
-    ids: HashMap<u32, KTerm>,
+    vocab: Vocab<KTerm>,
     /// Thinking on (`chat_template_kwargs`): the config names the think markers.
     thinking: bool,
     /// No reasoning parser runs: the think markers stay text (`skip_reasoning_parsing`).
     skip_reasoning: bool,
-    one: DecodeOne,
 }
 
 impl std::fmt::Debug for Grammar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Grammar")
-            .field("ids", &self.ids)
+            .field("ids", &self.vocab.ids)
             .field("thinking", &self.thinking)
             .finish()
     }
@@ -88,24 +85,19 @@ impl Grammar {
             .filter(|(_, t)| thinking || !matches!(t, KTerm::ThinkStart | KTerm::ThinkEnd))
             .map(|(text, term)| (text, term, vocab(text)));
         // The think markers are configured texts even with thinking off: never dropped.
-        let (lits, ids) = literals(named, specials, &MARKERS.map(|(t, _)| t), KTerm::Drop);
+        let vocab = Vocab::new(named, specials, &MARKERS.map(|(t, _)| t), KTerm::Drop, one);
         Grammar {
-            lits,
-            ids,
+            vocab,
             thinking,
             skip_reasoning,
-            one,
         }
     }
 }
 
 impl Format for Grammar {
     type T = KTerm;
-    fn lits(&self) -> &[Literal<KTerm>] {
-        &self.lits
-    }
-    fn ids(&self) -> &HashMap<u32, KTerm> {
-        &self.ids
+    fn vocab(&self) -> &Vocab<KTerm> {
+        &self.vocab
     }
     /// The config's transitions from the states the tool adapter reaches.
     fn transition(&self, st: St, term: KTerm) -> Option<(St, &'static [Emit])> {
@@ -128,9 +120,6 @@ impl Format for Grammar {
     }
     fn json_args(&self) -> bool {
         true
-    }
-    fn token_text(&self, id: u32) -> String {
-        (self.one)(id)
     }
 }
 
@@ -322,7 +311,7 @@ pub fn content_ids(g: &Grammar, id: u32) -> Vec<u32> {
     if !g.thinking {
         return vec![id];
     }
-    match g.ids.get(&id) {
+    match g.vocab.ids.get(&id) {
         Some(KTerm::SectionStart) => vec![id],
         _ => Vec::new(),
     }

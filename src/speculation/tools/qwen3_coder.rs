@@ -10,15 +10,14 @@
 //! longer change: the arguments streamed and the whole answer's are the same JSON. Ids
 //! are random (vLLM's `make_tool_call_id`), content is stripped beside calls.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::engine::{literals, name_and_args, name_in_args, piece, strip, Calls, Emit};
-use super::engine::{Ev, Format, Run, St};
+use super::engine::{name_and_args, name_in_args, piece, strip, Calls, Emit};
+use super::engine::{Ev, Format, Run, St, Vocab};
 use super::schema::Declared;
 use super::{Call, CallDelta};
 use crate::speculation::reasoning::engine::DecodeOne;
-use crate::speculation::reasoning::lexer::{Literal, Terminal};
+use crate::speculation::reasoning::lexer::Terminal;
 
 mod convert;
 
@@ -58,16 +57,16 @@ const MARKERS: [(&str, QTerm, bool); 9] = [
 
 /// The config bound to the served model's vocabulary.
 pub struct Grammar {
-    lits: Vec<Literal<QTerm>>,
-    ids: HashMap<u32, QTerm>,
+    vocab: Vocab<QTerm>,
     /// No reasoning parser runs: the think markers stay text (`skip_reasoning_parsing`).
     skip_reasoning: bool,
-    one: DecodeOne,
 }
 
 impl std::fmt::Debug for Grammar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grammar").field("ids", &self.ids).finish()
+        f.debug_struct("Grammar")
+            .field("ids", &self.vocab.ids)
+            .finish()
     }
 }
 
@@ -82,23 +81,18 @@ impl Grammar {
     ) -> Self {
         let named =
             MARKERS.map(|(text, term, by_id)| (text, term, by_id.then(|| vocab(text)).flatten()));
-        let (lits, ids) = literals(named, specials, &MARKERS.map(|(t, ..)| t), QTerm::Drop);
+        let vocab = Vocab::new(named, specials, &MARKERS.map(|(t, ..)| t), QTerm::Drop, one);
         Grammar {
-            lits,
-            ids,
+            vocab,
             skip_reasoning,
-            one,
         }
     }
 }
 
 impl Format for Grammar {
     type T = QTerm;
-    fn lits(&self) -> &[Literal<QTerm>] {
-        &self.lits
-    }
-    fn ids(&self) -> &HashMap<u32, QTerm> {
-        &self.ids
+    fn vocab(&self) -> &Vocab<QTerm> {
+        &self.vocab
     }
     /// `qwen3_config`'s transitions from the states the tool adapter reaches.
     fn transition(&self, st: St, term: QTerm) -> Option<(St, &'static [Emit])> {
@@ -124,9 +118,6 @@ impl Format for Grammar {
     }
     fn json_args(&self) -> bool {
         false
-    }
-    fn token_text(&self, id: u32) -> String {
-        (self.one)(id)
     }
 }
 
