@@ -60,19 +60,84 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
 #pragma unroll
         for (int r = 0; r < NR; ++r) wv[r][j] = c < NC ? ldw(rows[r] + c) : make_uint4(0, 0, 0, 0);
     }
-    pdl_enter();
-    const uint4* xv = (const uint4*)x;
-    float inv = 1.f;
+    // The norm weight and the bias are constant too: loaded before the wait, so that
+    // after it only the input (and the residual, position and rotation) are waited for.
+    constexpr int CPT = (NC + 255) / 256;
+    uint4 nwv[MODE == 1 ? CPT : 1];
     if (MODE == 1) {
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+            int c = threadIdx.x + 256 * i;
+            nwv[i] = c < NC ? __ldg((const uint4*)nw + c) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    int wu = min(u0 + lane, O - 1);  // the unit lane r < R writes
+    float bias_a = 0.f, bias_b = 0.f;
+    if (OUT == 3 && bias && lane < R) {
+        int h = wu / (HD / 2), i = wu % (HD / 2);
+        bias_a = to_f(__ldg(bias + h * HD + i));
+        bias_b = to_f(__ldg(bias + h * HD + i + HD / 2));
+    }
+    // The q/k/v projection with rotation precedes attention, which reads pos and the
+    // cache before it waits: it lets attention start only once it has waited itself.
+    if (OUT == 3) {
+        pdl_enter();
+    } else {
+        pdl_trigger();
+        pdl_wait();
+    }
+    // What the epilogue reads that its predecessors wrote, loaded beside the input.
+    float resid = 0.f, cs = 0.f, sn = 0.f;
+    int p_ = 0;
+    size_t crow = 0;
+    if (OUT == 0 && accumulate && s == 0 && lane < R) resid = to_f(((const u16*)y)[wu]);
+    if (OUT == 3 && lane < R) {
+        p_ = pos[0];
+        crow = ((size_t)slot[0] * MAX_LEN + p_) * NKV;
+        int i = wu % (HD / 2);
+        cs = rnd(cos_t[(size_t)p_ * PAIRS + i]);
+        sn = rnd(sin_t[(size_t)p_ * PAIRS + i]);
+    }
+    const uint4* xv = (const uint4*)x;
+    // MODE 1: the block normalizes the input once into shared memory (halves of each
+    // 8-element chunk in two float4 arrays, conflict-free), instead of every warp
+    // keeping the whole normalized row in registers beside its weights.
+    constexpr int XS = MODE == 1 ? NC : 1;
+    __shared__ float4 xs0[XS], xs1[XS];
+    __shared__ float red_s[8];
+    if (MODE == 1) {
+        uint4 xr[CPT];
         float ss = 0.f;
 #pragma unroll
-        for (int c = lane; c < NC; c += 32) {
+        for (int i = 0; i < CPT; ++i) {
+            int c = threadIdx.x + 256 * i;
+            xr[i] = c < NC ? xv[c] : make_uint4(0, 0, 0, 0);
             float f[8];
-            unpack8(xv[c], f);
+            unpack8(xr[i], f);
 #pragma unroll
             for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
         }
-        inv = rsqrtf(warp_sum(ss) / K + EPS);
+        ss = warp_sum(ss);
+        if (lane == 0) red_s[warp] = ss;
+        __syncthreads();
+        ss = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) ss += red_s[w];
+        float inv = rsqrtf(ss / K + EPS);
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+            int c = threadIdx.x + 256 * i;
+            if (c < NC) {
+                float f[8], n[8];
+                unpack8(xr[i], f);
+                unpack8(nwv[i], n);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) f[e] = rnd(n[e] * rnd(f[e] * inv));
+                xs0[c] = make_float4(f[0], f[1], f[2], f[3]);
+                xs1[c] = make_float4(f[4], f[5], f[6], f[7]);
+            }
+        }
+        __syncthreads();
     }
     float acc[NR];
 #pragma unroll
@@ -82,12 +147,12 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
         int c = (j * S + s) * 32 + lane;
         if (c < NC) {
             float f[8];
-            unpack8(xv[c], f);
             if (MODE == 1) {
-                float n[8];
-                unpack8(((const uint4*)nw)[c], n);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) f[e] = rnd(n[e] * rnd(f[e] * inv));
+                float4 a0 = xs0[c], a1 = xs1[c];
+                f[0] = a0.x; f[1] = a0.y; f[2] = a0.z; f[3] = a0.w;
+                f[4] = a1.x; f[5] = a1.y; f[6] = a1.z; f[7] = a1.w;
+            } else {
+                unpack8(xv[c], f);
             }
 #pragma unroll
             for (int r = 0; r < NR; ++r) {
@@ -151,23 +216,22 @@ __device__ __forceinline__ void gemv_impl(const u16* __restrict__ W, const u16* 
         int h = u / (HD / 2), i = u % (HD / 2);
         a = rnd(a); b = rnd(b);
         if (bias) {
-            a = rnd(a + to_f(bias[h * HD + i]));
-            b = rnd(b + to_f(bias[h * HD + i + HD / 2]));
+            a = rnd(a + bias_a);
+            b = rnd(b + bias_b);
         }
-        int p = pos[0];
-        size_t cache_row = ((size_t)slot[0] * MAX_LEN + p) * NKV;
+        size_t cache_row = crow;
         if (h >= NH + NKV) {
             u16* dst = vc + (cache_row + (h - NH - NKV)) * HD;
             dst[i] = from_f(a); dst[i + HD / 2] = from_f(b);
             return;
         }
         u16* dst = h < NH ? (u16*)y + h * HD : kc + (cache_row + (h - NH)) * HD;
-        float c = rnd(cos_t[(size_t)p * PAIRS + i]), sn = rnd(sin_t[(size_t)p * PAIRS + i]);
+        float c = cs;
         dst[i] = from_f(rnd(a * c) - rnd(b * sn));
         dst[i + HD / 2] = from_f(rnd(b * c) + rnd(a * sn));
     } else {
         u16* yy = (u16*)y + u;
-        *yy = from_f(accumulate ? to_f(*yy) + a : a);
+        *yy = from_f(accumulate ? resid + a : a);
     }
 }
 

@@ -82,6 +82,23 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+// The two halves of pdl_enter for kernels whose successor reads nothing before its own
+// wait except constant weights (GEMVs) or cache rows an earlier kernel wrote: they let
+// the next kernel be scheduled before they wait themselves, so its weight loads start one
+// kernel earlier. griddepcontrol.wait still waits for the whole predecessor grid (and so,
+// transitively, for every kernel before it). A kernel whose successor reads pos/slot or
+// the cache before waiting (the q/k/v projection before attention) keeps pdl_enter.
+__device__ __forceinline__ void pdl_trigger() {
+#if PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // x[t] = embedding[ids[t]]
 extern "C" __global__ void embed(const int* __restrict__ ids, const u16* __restrict__ table,
                                  u16* __restrict__ x) {
@@ -204,7 +221,9 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 #define KG (ATT_THREADS / VT)
 // Fewest keys per split: a block scores ATT_THREADS keys at once, so a shorter split
 // saves nothing and costs a merge.
-#define MIN_SPLIT ATT_THREADS
+// Two chunks: below 2 x ATT_THREADS keys a split's second chunk (prefetched into L1
+// before the wait) costs less than merging two splits.
+#define MIN_SPLIT (2 * ATT_THREADS)
 
 // Attention of token t's GROUP query heads sharing key/value head blockIdx.y over
 // split blockIdx.z of its keys 0..pos[t], writing [T, NH*HD] to `out`. The grid has the
@@ -232,6 +251,24 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
     int j0 = sp * per, j1 = min(L, j0 + per);
     size_t base = (size_t)slot[t] * MAX_LEN * NKV;
     int vd = (tid % VT) * 8, kg = tid / VT;
+    // In a decode step the rows after the first chunk (up to MIN_SPLIT keys) and the
+    // first chunk's values where they are not loaded into registers are prefetched into
+    // L1 before the wait: every row but the newest is older than the predecessor.
+    if (prefetch) {
+#pragma unroll
+        for (int i = 0; i < MIN_SPLIT / ATT_THREADS; ++i) {
+            int j = j0 + i * ATT_THREADS + tid;
+            if (j < j1 && j < L - 1) {
+                size_t row = (base + (size_t)j * NKV + kvh) * HD;
+#pragma unroll
+                for (int b = 0; b < HD * 2; b += 128) {
+                    if (i > 0) asm volatile("prefetch.global.L1 [%0];" :: "l"((const char*)(kc + row) + b));
+                    if (i > 0 || ATT_PREFETCH < 2)
+                        asm volatile("prefetch.global.L1 [%0];" :: "l"((const char*)(vc + row) + b));
+                }
+            }
+        }
+    }
 #if ATT_PREFETCH
     // In a decode step (`prefetch`: one token per slot) the first chunk's keys (and with
     // ATT_PREFETCH 2 its values) are loaded before waiting for the predecessor, except the
@@ -258,7 +295,8 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
 #endif
     }
 #endif
-    pdl_enter();
+    pdl_trigger();
+    pdl_wait();
     const u16* qrow = q + (size_t)t * NH * HD + (size_t)kvh * GROUP * HD;
     for (int i = tid; i < GROUP * HD; i += ATT_THREADS) qs[i / HD][i % HD] = to_f(qrow[i]) * scale * LOG2E;
     if (tid < GROUP) { m_s[tid] = NEG_INF; l_s[tid] = 0.f; }
