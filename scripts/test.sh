@@ -32,8 +32,8 @@ step "vLLM test upstream"
 export SPECD_VLLM_EXTRA_ARGS=${SPECD_VLLM_EXTRA_ARGS:---dtype float32}
 UPSTREAM=$(bash scripts/vllm-cpu-upstream.sh start | tail -n 1 | sed 's/^UPSTREAM=//')
 export SPECD_TEST_UPSTREAM="$UPSTREAM"
-cleanup() {
-  bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+# The servers tests start for themselves (all but the shared vLLM upstream).
+stop_test_servers() {
   # The SGLang tests start their upstream on first use (scripts/sglang-cpu-upstream.sh).
   bash "$ROOT/scripts/sglang-cpu-upstream.sh" stop >/dev/null 2>&1 || true
   # So do the reasoning tests theirs (tests/common: reasoning_upstream).
@@ -65,6 +65,10 @@ cleanup() {
   # So do the tiktoken-format tests (tests/tiktoken.rs: target-tiktoken by hub id).
   SPECD_VLLM_MODEL=target-tiktoken bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
 }
+cleanup() {
+  bash "$ROOT/scripts/vllm-cpu-upstream.sh" stop >/dev/null 2>&1 || true
+  stop_test_servers
+}
 if [ -z "${SPECD_KEEP_UPSTREAM:-}" ]; then trap cleanup EXIT; fi
 echo "upstream: $UPSTREAM" >&2
 
@@ -89,7 +93,25 @@ SPECD_VLLM_MODEL=agent-tools-llama3 bash scripts/vllm-cpu-upstream.sh install >&
 step "Rust tests (unit + integration against the real vLLM)"
 # The draft-model test compares with transformers from the vLLM venv: never skip it here.
 export SPECD_REQUIRE_REFERENCE=1
-cargo nextest run --no-fail-fast --test-threads 3
+# Tests that start vLLM or SGLang servers of their own run in groups, and each group's
+# servers are stopped before the next group starts: servers shared by several tests stay
+# up until stopped, each holds about 2.5 GB, and with a dozen of them up a 24 GB machine
+# ran out of memory (page-cache thrashing held single requests for over 300 s).
+OWN='binary(reasoning) | binary(tiktoken) | binary(tools) | binary(tools_llama3_json) |
+  binary(tools_kimi) | binary(tools_qwen3_coder) | binary(sglang) | binary(sglang_verify) |
+  binary(sglang_tools)'
+failed=0
+for group in "not ($OWN) | binary(reasoning) | binary(tiktoken)" \
+  'binary(tools) | binary(tools_llama3_json)' \
+  'binary(tools_kimi) | binary(tools_qwen3_coder)' \
+  'binary(sglang) | binary(sglang_verify) | binary(sglang_tools)'; do
+  cargo nextest run --no-fail-fast --test-threads 3 -E "$group" || failed=1
+  stop_test_servers
+done
+if [ "$failed" != 0 ]; then
+  echo "Rust tests failed (see above)" >&2
+  exit 1
+fi
 
 if [ -x scripts/python-tests.sh ]; then
   step "Python client tests"
