@@ -18,6 +18,9 @@ pub enum ApiError {
     Overloaded { retry_after_secs: u64 },
     #[error("specd is shutting down")]
     Draining,
+    /// Still in flight when `--drain-timeout` passed.
+    #[error("specd shut down before this request finished: the drain timeout passed")]
+    DrainTimeout,
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
     #[error("upstream timed out: {0}")]
@@ -39,7 +42,7 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Draining | ApiError::DrainTimeout => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UpstreamUnreachable(_) | ApiError::UpstreamProtocol(_) => {
                 StatusCode::BAD_GATEWAY
             }
@@ -58,7 +61,7 @@ impl ApiError {
             ApiError::TooLarge(_) => "RequestTooLargeError",
             ApiError::Unauthorized => "AuthenticationError",
             ApiError::Overloaded { .. } => "RateLimitError",
-            ApiError::Draining => "ServiceUnavailableError",
+            ApiError::Draining | ApiError::DrainTimeout => "ServiceUnavailableError",
             ApiError::UpstreamUnreachable(_)
             | ApiError::UpstreamTimeout(_)
             | ApiError::UpstreamProtocol(_) => "UpstreamError",

@@ -86,6 +86,8 @@ async fn sigterm_drains_streams_in_flight() {
     assert!(log.contains("drained"), "{log}");
 }
 
+/// Streams still going when the drain timeout passes end with a 503 error event and
+/// `[DONE]`: speculated ones and passthrough ones alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_timeout_bounds_the_shutdown() {
     let up = fault::start().await;
@@ -95,9 +97,17 @@ async fn drain_timeout_bounds_the_shutdown() {
     // the relay's 50 ms per token.
     up.fail(Call::Verify, Fault::Hang);
     let mut specd = Specd::start_ready(&up.url, &["--drain-timeout", "1"]).await;
-    let p: Vec<u32> = (700..706).collect();
-    let mut r = SseReader::open(&specd.url, "/v1/completions", &body(&p, 1000, "auto")).await;
-    assert!(r.next().await.is_some());
+    let mut readers = Vec::new();
+    for (i, mode) in ["auto", "off"].into_iter().enumerate() {
+        let p: Vec<u32> = (700 + i as u32 * 10..706 + i as u32 * 10).collect();
+        let mut r = SseReader::open(&specd.url, "/v1/completions", &body(&p, 1000, mode)).await;
+        let first = r.next().await.expect("first chunk");
+        readers.push((
+            mode,
+            r,
+            vec![serde_json::from_str::<Value>(&first).unwrap()],
+        ));
+    }
     let t = Instant::now();
     specd.terminate();
     let status = exited(&mut specd, Duration::from_secs(15))
@@ -107,10 +117,27 @@ async fn drain_timeout_bounds_the_shutdown() {
     assert!(status.success());
     assert!(
         took >= Duration::from_millis(900),
-        "waited for the stream: {took:?}"
+        "waited for the streams: {took:?}"
     );
-    let (_, done) = r.rest().await;
-    assert!(!done, "the 50 s stream could not finish in 1 s");
+    for (mode, mut r, mut events) in readers {
+        let (rest, done) = r.rest().await;
+        events.extend(rest);
+        assert!(done && !r.broken, "{mode}: the stream is ended, not cut");
+        let last = events.last().expect("events");
+        let err = error_of(last).unwrap_or_else(|| panic!("{mode}: ends with an error: {last}"));
+        assert_eq!(err["type"], "ServiceUnavailableError", "{mode}: {err}");
+        assert!(
+            err["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("drain timeout")),
+            "{mode}: {err}"
+        );
+        let n = stream_token_ids(&events).len();
+        assert!(
+            n < 1000,
+            "{mode}: the 50 s stream could not finish in 1 s ({n} tokens)"
+        );
+    }
     println!(
         "SHUTDOWN drain timeout 1 s: exited {} ms after SIGTERM",
         took.as_millis()

@@ -96,6 +96,7 @@ pub fn build_state(args: ServeArgs) -> anyhow::Result<Shared> {
         tokenizer_decided: AtomicBool::new(false),
         backend: RwLock::new(None),
         draining: AtomicBool::new(false),
+        drain_cut: Default::default(),
         next_stream: AtomicU64::new(1),
         slots,
         queued: AtomicUsize::new(0),
@@ -262,16 +263,30 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     while in_flight(&st) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    let left = in_flight(&st);
+    if left > 0 {
+        tracing::warn!(
+            left,
+            "drain timeout reached; ending the requests still in flight with a 503"
+        );
+        st.drain_cut.cut();
+    }
     let _ = stop_tx.send(true);
-    match tokio::time::timeout_at(deadline, server).await {
-        Ok(_) if in_flight(&st) == 0 => tracing::info!("drained"),
-        _ => tracing::warn!(
+    // The ended streams send their last event, then their connections close; a request
+    // still waiting for its upstream's first byte is given the same short grace.
+    match tokio::time::timeout(CLOSE_GRACE, server).await {
+        Ok(_) if left == 0 => tracing::info!("drained"),
+        Ok(_) => tracing::info!("closed"),
+        Err(_) => tracing::warn!(
             left = in_flight(&st),
-            "drain timeout reached; closing remaining connections"
+            "connections still open after the drain; closing them"
         ),
     }
     Ok(())
 }
+
+/// How long the last events of cut streams have to reach their clients.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Client requests being answered (generation streams and forwarded requests).
 fn in_flight(st: &Shared) -> usize {

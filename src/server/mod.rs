@@ -2,6 +2,7 @@
 //! and transparent passthrough of everything else.
 
 pub mod admin;
+pub mod drain;
 pub mod generate;
 pub mod observe;
 pub mod passthrough;
@@ -43,6 +44,8 @@ pub struct AppState {
     pub tokenizer_decided: AtomicBool,
     pub backend: RwLock<Option<Arc<dyn Backend>>>,
     pub draining: AtomicBool,
+    /// Ends what is still in flight when the drain timeout passes.
+    pub drain_cut: drain::DrainCut,
     pub next_stream: AtomicU64,
     pub slots: Arc<Semaphore>,
     pub queued: AtomicUsize,

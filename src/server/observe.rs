@@ -2,6 +2,7 @@
 //! ends or is dropped — a stream cut short by the client or the upstream is counted as
 //! such, not as a success.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,6 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures_util::Stream;
 
+use super::drain::Cut;
 use crate::error::ApiError;
 use crate::inflight::InFlightGuard;
 use crate::metrics::labels::StreamMode;
@@ -150,6 +152,8 @@ pub struct ObservedBody<S> {
     tail: Vec<u8>,
     saw_done: bool,
     ended: bool,
+    /// Resolves when the drain timeout passes (SSE only).
+    cut: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 impl<S> ObservedBody<S> {
@@ -161,7 +165,16 @@ impl<S> ObservedBody<S> {
             tail: Vec::new(),
             saw_done: false,
             ended: false,
+            cut: None,
         }
+    }
+
+    /// End an SSE stream with the drain timeout's error once that passes.
+    pub fn with_cut(mut self, cut: Cut) -> Self {
+        if self.sse {
+            self.cut = Some(cut.into_future());
+        }
+        self
     }
 
     /// Take the complete events out of `tail`; count those carrying choices (not
@@ -185,12 +198,15 @@ impl<S> ObservedBody<S> {
     }
 
     /// End an SSE stream the upstream did not finish: error event, then `[DONE]`.
-    fn error_end(&mut self, why: &str) -> Bytes {
+    fn upstream_end(&mut self, why: &str) -> Bytes {
+        self.error_end(ApiError::UpstreamUnreachable(format!(
+            "the upstream ended the stream before it finished: {why}"
+        )))
+    }
+
+    fn error_end(&mut self, e: ApiError) -> Bytes {
         self.tail.clear();
         self.ended = true;
-        let e = ApiError::UpstreamUnreachable(format!(
-            "the upstream ended the stream before it finished: {why}"
-        ));
         self.outcome.set_status(e.status().as_u16());
         self.outcome.complete();
         let mut out = e.sse_event().into_bytes();
@@ -244,6 +260,11 @@ where
         if this.ended {
             return Poll::Ready(None);
         }
+        if let Some(cut) = this.cut.as_mut() {
+            if cut.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Some(Ok(this.error_end(ApiError::DrainTimeout))));
+            }
+        }
         loop {
             match Pin::new(&mut this.inner).poll_next(cx) {
                 Poll::Ready(Some(Ok(b))) if this.sse => {
@@ -256,7 +277,7 @@ where
                 }
                 Poll::Ready(Some(Ok(b))) => return Poll::Ready(Some(Ok(b))),
                 Poll::Ready(Some(Err(e))) if this.sse => {
-                    return Poll::Ready(Some(Ok(this.error_end(&e.to_string()))));
+                    return Poll::Ready(Some(Ok(this.upstream_end(&e.to_string()))));
                 }
                 Poll::Ready(Some(Err(e))) => {
                     this.outcome.set_status(502);
@@ -264,7 +285,7 @@ where
                 }
                 Poll::Ready(None) => {
                     if this.sse && !this.saw_done {
-                        return Poll::Ready(Some(Ok(this.error_end("no [DONE]"))));
+                        return Poll::Ready(Some(Ok(this.upstream_end("no [DONE]"))));
                     }
                     this.ended = true;
                     this.outcome.complete();

@@ -134,7 +134,9 @@ pub async fn forward(
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let headers = end_to_end(resp.headers());
     let stream = resp.bytes_stream().map_err(std::io::Error::other);
-    let body = Body::from_stream(ObservedBody::new(Box::pin(stream), outcome, sse));
+    let body = Body::from_stream(
+        ObservedBody::new(Box::pin(stream), outcome, sse).with_cut(st.drain_cut.signal()),
+    );
     let mut out = Response::new(body);
     *out.status_mut() = status;
     *out.headers_mut() = headers;

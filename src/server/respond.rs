@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
 
+use super::drain::Cut;
 use super::observe::{route_label, Outcome};
 use super::Shared;
 use crate::error::ApiError;
@@ -54,7 +55,8 @@ pub async fn respond(
         reasoning,
         tools,
     };
-    let first = rx.recv().await;
+    let mut cut = st.drain_cut.signal();
+    let first = next_event(&mut rx, &mut cut).await;
     let first = match first {
         None => {
             let e = ApiError::Internal("generation ended without a result".into());
@@ -70,16 +72,26 @@ pub async fn respond(
         Some(ev) => ev,
     };
     if gen.stream {
-        stream_response(shape, gen.include_usage, first, rx, outcome)
+        stream_response(shape, gen.include_usage, first, (rx, cut), outcome)
     } else {
-        full_response(shape, first, rx, outcome).await
+        full_response(shape, first, (rx, cut), outcome).await
+    }
+}
+
+/// The session's next event, or the drain timeout's error once that has passed (checked
+/// first, so that a fast stream cannot hold the cut off).
+async fn next_event(rx: &mut Events, cut: &mut Cut) -> Option<Event> {
+    tokio::select! {
+        biased;
+        () = cut.passed() => Some(Event::Error(ApiError::DrainTimeout)),
+        e = rx.recv() => e,
     }
 }
 
 async fn full_response(
     shape: Shape,
     first: Event,
-    mut rx: Events,
+    (mut rx, mut cut): (Events, Cut),
     mut outcome: Outcome,
 ) -> Response {
     let mut text = String::new();
@@ -118,7 +130,7 @@ async fn full_response(
                 return e.into_response();
             }
         }
-        ev = rx.recv().await;
+        ev = next_event(&mut rx, &mut cut).await;
     }
     // Answered with an error: counted under its status, not as aborted.
     let e = ApiError::Internal("generation ended without a result".into());
@@ -131,6 +143,7 @@ struct StreamState {
     shape: Shape,
     include_usage: bool,
     rx: Events,
+    cut: Cut,
     pending: Option<Event>,
     first_chunk: bool,
     offset: usize,
@@ -157,13 +170,14 @@ fn stream_response(
     shape: Shape,
     include_usage: bool,
     first: Event,
-    rx: Events,
+    (rx, cut): (Events, Cut),
     outcome: Outcome,
 ) -> Response {
     let state = StreamState {
         shape,
         include_usage,
         rx,
+        cut,
         pending: Some(first),
         first_chunk: true,
         offset: 0,
@@ -184,7 +198,7 @@ fn stream_response(
         }
         let ev = match s.pending.take() {
             Some(e) => Some(e),
-            None => s.rx.recv().await,
+            None => next_event(&mut s.rx, &mut s.cut).await,
         };
         match ev {
             Some(Event::Delta {
