@@ -6,11 +6,12 @@ tokenizer, and speculation is not off; a deployment that misses one of them stil
 (as a plain proxy), so these checks read the rendered files instead of trusting it.
 
     deploy_checks.py helm RENDERED.yaml [--reasoning-parser P] [--tool-call-parser P]
-    deploy_checks.py compose-gpu CONFIG.yaml     (docker-compose config output)
-    deploy_checks.py compose-cpu CONFIG.yaml
+    deploy_checks.py compose-gpu CONFIG.yaml [--reasoning-parser P] [--tool-call-parser P]
+    deploy_checks.py compose-cpu CONFIG.yaml [...]     (CONFIG: docker-compose config output)
 """
 import argparse
 import posixpath
+import subprocess
 import sys
 
 import yaml
@@ -100,13 +101,7 @@ def check_helm(path, reasoning, tool):
             if not any(m["name"] == mount["name"] and m["mountPath"] == mount["mountPath"]
                        for m in init["volumeMounts"]):
                 fail("the download container does not write to the shared volume")
-        # the output parsers reach both
-        for flag, envname, want in (("--reasoning-parser", "SPECD_REASONING_PARSER", reasoning),
-                                    ("--tool-call-parser", "SPECD_TOOL_CALL_PARSER", tool)):
-            if arg_value(args, flag) != want:
-                fail(f"server {flag} is {arg_value(args, flag)!r}, expected {want!r}")
-            if env.get(envname) != want:
-                fail(f"specd {envname} is {env.get(envname)!r}, expected {want!r}")
+        check_parser_names(args, env, reasoning, tool)
         if tool and arg_value(args, "--model") and "--enable-auto-tool-choice" not in args:
             fail("a vLLM tool-call parser needs --enable-auto-tool-choice")
         if tool and env.get("SPECD_ENABLE_AUTO_TOOL_CHOICE") != "true":
@@ -136,7 +131,47 @@ def named_mount(volumes, target):
     return None
 
 
-def check_compose(path, cpu):
+def vllm_argv(vllm):
+    """vLLM's flags as the container gets them: the compose file's entrypoint script is run
+    (with `sh`, vLLM's environment, and printf in place of the server)."""
+    entry, command = vllm.get("entrypoint"), vllm["command"]
+    flags = [a for a in command if a.startswith("--")]
+    if not entry:
+        return flags
+    if entry[:2] != ["/bin/sh", "-c"]:
+        fail(f"vLLM's entrypoint is not a shell script: {entry}")
+    # `docker-compose config` keeps `$$` (a literal `$` in the container) escaped.
+    script = entry[2].replace("$$", "$")
+    env = {k: str(v) for k, v in (vllm.get("environment") or {}).items()}
+    env["PATH"] = "/usr/bin:/bin"
+    out = subprocess.run(["sh", "-c", script, *entry[3:], "printf", "%s\\n", *flags],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return out.splitlines()
+
+
+def check_parser_names(args, env, reasoning, tool):
+    """The output parsers reach the server and specd alike: the values wanted, on both (an
+    empty variable counts as unset, for specd as for a shell)."""
+    for flag, envname, want in (("--reasoning-parser", "SPECD_REASONING_PARSER", reasoning),
+                                ("--tool-call-parser", "SPECD_TOOL_CALL_PARSER", tool)):
+        if arg_value(args, flag) != want:
+            fail(f"server {flag} is {arg_value(args, flag)!r}, expected {want!r}")
+        if (env.get(envname) or None) != want:
+            fail(f"specd {envname} is {env.get(envname)!r}, expected {want!r}")
+
+
+def check_parsers(args, env, reasoning, tool):
+    """check_parser_names, and vLLM's --enable-auto-tool-choice known to specd."""
+    check_parser_names(args, env, reasoning, tool)
+    auto = "--enable-auto-tool-choice" in args
+    if auto != (str(env.get("SPECD_ENABLE_AUTO_TOOL_CHOICE")).lower() == "true"):
+        fail(f"the server {'runs' if auto else 'does not run'} --enable-auto-tool-choice, "
+             f"specd's SPECD_ENABLE_AUTO_TOOL_CHOICE is {env.get('SPECD_ENABLE_AUTO_TOOL_CHOICE')!r}")
+    if tool and not auto:
+        fail("a vLLM tool-call parser needs --enable-auto-tool-choice")
+
+
+def check_compose(path, cpu, reasoning, tool):
     svc = compose_services(path)
     specd, vllm = svc["specd"], svc["vllm"]
     env = specd["environment"]
@@ -179,7 +214,12 @@ def check_compose(path, cpu):
                 fail(f"{name} publishes {p} beyond loopback")
     if specd["depends_on"]["vllm"]["condition"] != "service_healthy":
         fail("specd does not wait for a healthy vLLM")
-    print(f"ok: specd -> vllm:8000, tokenizer {tok} on {shared[0]} shared with vLLM ({model})")
+    args = vllm_argv(vllm)
+    if arg_value(args, "--model") != model:
+        fail(f"vLLM's entrypoint changes its flags: {args}")
+    check_parsers(args, env, reasoning, tool)
+    print(f"ok: specd -> vllm:8000, tokenizer {tok} on {shared[0]} shared with vLLM ({model}), "
+          f"parsers reasoning={reasoning} tools={tool} on both")
 
 
 def main():
@@ -190,12 +230,15 @@ def main():
     h.add_argument("--reasoning-parser")
     h.add_argument("--tool-call-parser")
     for name in ("compose-gpu", "compose-cpu"):
-        sub.add_parser(name).add_argument("file")
+        c = sub.add_parser(name)
+        c.add_argument("file")
+        c.add_argument("--reasoning-parser")
+        c.add_argument("--tool-call-parser")
     a = ap.parse_args()
     if a.cmd == "helm":
         check_helm(a.file, a.reasoning_parser, a.tool_call_parser)
     else:
-        check_compose(a.file, a.cmd == "compose-cpu")
+        check_compose(a.file, a.cmd == "compose-cpu", a.reasoning_parser, a.tool_call_parser)
 
 
 if __name__ == "__main__":

@@ -205,6 +205,22 @@ if command -v docker-compose >/dev/null; then
         bash -c '"${@:3}" docker-compose -f deploy/docker-compose.cpu.yml config >"$2/compose-cpu.yaml" &&
             "$1" scripts/deploy_checks.py compose-cpu "$2/compose-cpu.yaml"' _ "$VENV/bin/python" "$OUT" \
         "${CPU_COMPOSE_ENV[@]}"
+    PARSER_ENV=(env REASONING_PARSER=deepseek_r1 TOOL_CALL_PARSER=hermes ENABLE_AUTO_TOOL_CHOICE=true)
+    check "compose (GPU): the output parsers reach vLLM (its entrypoint script run) and specd alike" \
+        bash -c '"${@:3}" docker-compose -f deploy/docker-compose.yml config >"$2/compose-gpu-parsers.yaml" &&
+            "$1" scripts/deploy_checks.py compose-gpu "$2/compose-gpu-parsers.yaml" \
+                --reasoning-parser deepseek_r1 --tool-call-parser hermes' _ "$VENV/bin/python" "$OUT" \
+        "${PARSER_ENV[@]}"
+    check "compose (CPU): the output parsers reach vLLM and specd alike" \
+        bash -c '"${@:3}" docker-compose -f deploy/docker-compose.cpu.yml config >"$2/compose-cpu-parsers.yaml" &&
+            "$1" scripts/deploy_checks.py compose-cpu "$2/compose-cpu-parsers.yaml" \
+                --reasoning-parser deepseek_r1 --tool-call-parser hermes' _ "$VENV/bin/python" "$OUT" \
+        "${PARSER_ENV[@]}" "${CPU_COMPOSE_ENV[@]:1}"
+    expect_fail "compose check rejects a tool-call parser that specd is not told of" \
+        "SPECD_TOOL_CALL_PARSER is None" \
+        bash -c 'sed "/SPECD_TOOL_CALL_PARSER/d" "$2/compose-gpu-parsers.yaml" >"$2/bad-parsers.yaml" &&
+            "$1" scripts/deploy_checks.py compose-gpu "$2/bad-parsers.yaml" \
+                --reasoning-parser deepseek_r1 --tool-call-parser hermes' _ "$VENV/bin/python" "$OUT"
     expect_fail "compose (GPU) check rejects specd without the tokenizer" "SPECD_TOKENIZER is not" \
         bash -c 'docker-compose -f deploy/docker-compose.yml config | sed "/SPECD_TOKENIZER/d" >"$2/bad.yaml" &&
             "$1" scripts/deploy_checks.py compose-gpu "$2/bad.yaml"' _ "$VENV/bin/python" "$OUT"

@@ -28,13 +28,34 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// An empty `SPECD_*` variable counts as unset, so that the flag takes its default: a
+/// compose file's `${VAR:-}` or an empty chart value sets the variable to "". Called
+/// before any thread starts (changing the environment is not thread-safe).
+fn unset_empty_env() -> Vec<String> {
+    let empty: Vec<String> = std::env::vars_os()
+        .filter(|(_, v)| v.is_empty())
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| k.starts_with("SPECD_"))
+        .collect();
+    for k in &empty {
+        std::env::remove_var(k);
+    }
+    empty
+}
+
+fn main() -> anyhow::Result<()> {
+    let empty = unset_empty_env();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Serve(args) => {
             init_logs(args.log_format);
-            specd::serve::run(args).await
+            if !empty.is_empty() {
+                tracing::info!(variables = ?empty, "empty variables count as unset");
+            }
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(specd::serve::run(args))
         }
     }
 }

@@ -132,6 +132,41 @@ async fn api_key_guards_the_client_address() {
         .all(|r| r.authorization.as_deref() == Some("Bearer k-123")));
 }
 
+/// An empty `SPECD_*` variable counts as unset (a compose file's `${VAR:-}` leaves it
+/// empty): empty parser names start specd with its defaults, and an empty API key asks for
+/// no key, as vLLM treats an empty `VLLM_API_KEY`.
+#[tokio::test]
+async fn empty_variables_count_as_unset() {
+    let up = fault::start().await;
+    let mut specd = Specd::start_env(
+        &up.url,
+        &[],
+        &[
+            ("SPECD_API_KEY", ""),
+            ("SPECD_REASONING_PARSER", ""),
+            ("SPECD_TOOL_CALL_PARSER", ""),
+            ("SPECD_ENABLE_AUTO_TOOL_CHOICE", ""),
+            ("SPECD_LOG", "info"),
+        ],
+    );
+    specd.wait_ready(common::READY_TIMEOUT).await;
+    let b = tokens_body(&[410, 411, 412], "on", false);
+    let (s, t) = send(
+        client()
+            .post(format!("{}/v1/completions", specd.url))
+            .json(&b),
+    )
+    .await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).unwrap();
+    assert!(
+        v["usage"]["speculation"]["rounds"].as_u64() > Some(0),
+        "{v}"
+    );
+    let log = specd.log_text();
+    assert!(log.contains("empty variables count as unset"), "{log}");
+}
+
 #[tokio::test]
 async fn admin_endpoints_on_their_own_address() {
     let up = fault::start().await;
