@@ -138,7 +138,7 @@ async fn api_key_guards_the_client_address() {
 #[tokio::test]
 async fn empty_variables_count_as_unset() {
     let up = fault::start().await;
-    let mut specd = Specd::start_env(
+    let specd = Specd::start_env(
         &up.url,
         &[],
         &[
