@@ -101,12 +101,7 @@ def check_helm(path, reasoning, tool):
             if not any(m["name"] == mount["name"] and m["mountPath"] == mount["mountPath"]
                        for m in init["volumeMounts"]):
                 fail("the download container does not write to the shared volume")
-        check_parser_names(args, env, reasoning, tool)
-        if tool and arg_value(args, "--model") and "--enable-auto-tool-choice" not in args:
-            fail("a vLLM tool-call parser needs --enable-auto-tool-choice")
-        if tool and env.get("SPECD_ENABLE_AUTO_TOOL_CHOICE") != "true":
-            fail("specd is not told that the server's tool-call parser is enabled "
-                 "(SPECD_ENABLE_AUTO_TOOL_CHOICE)")
+        check_parsers(args, env, reasoning, tool, vllm=arg_value(args, "--model") is not None)
     else:  # standalone
         if not upstream.startswith("http"):
             fail(f"bad upstream {upstream}")
@@ -160,9 +155,15 @@ def check_parser_names(args, env, reasoning, tool):
             fail(f"specd {envname} is {env.get(envname)!r}, expected {want!r}")
 
 
-def check_parsers(args, env, reasoning, tool):
-    """check_parser_names, and vLLM's --enable-auto-tool-choice known to specd."""
+def check_parsers(args, env, reasoning, tool, vllm=True):
+    """check_parser_names, and the server's tool-call parser enabled and known to specd:
+    vLLM's --enable-auto-tool-choice (SGLang has no such flag)."""
     check_parser_names(args, env, reasoning, tool)
+    if not vllm:
+        if tool and env.get("SPECD_ENABLE_AUTO_TOOL_CHOICE") != "true":
+            fail("specd is not told that the server's tool-call parser is enabled "
+                 "(SPECD_ENABLE_AUTO_TOOL_CHOICE)")
+        return
     auto = "--enable-auto-tool-choice" in args
     if auto != (str(env.get("SPECD_ENABLE_AUTO_TOOL_CHOICE")).lower() == "true"):
         fail(f"the server {'runs' if auto else 'does not run'} --enable-auto-tool-choice, "
