@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Where a draft-model decode step spends its time on the GPU: every kernel of a short
-# batch-1 run timed alone by Nsight Compute (ncu), summed per kernel name and divided by
+# short run timed alone by Nsight Compute (ncu), summed per kernel name and divided by
 # the decode steps. Set against the step's wall time from draft-bench.sh, the difference
 # is what launches and the gaps between kernels cost. Measured on an NVIDIA H200.
 #
 # Usage: draft-profile.sh MODEL_DIR [BIN.gz]   (env: VARIANT="" or "SPECD_DRAFT_FUSED=1",
-#        STEPS=24 decode steps, OUT=dir for the CSV)
+#        STEPS=24 decode steps, BATCH=1 streams, OUT=dir for the CSV)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 MODEL="$1"
@@ -20,13 +20,14 @@ export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
 
-tag="${VARIANT:-default}"
+BATCH="${BATCH:-1}"
+tag="${VARIANT:-default}-b$BATCH"
 tag="${tag//[^A-Za-z0-9]/_}"
 csv="$OUT/kernels-$tag.csv"
 # shellcheck disable=SC2086
 env ${VARIANT:-} "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
   --print-units base --log-file "$csv" \
-  "$W/specd-bench" draft --model "$MODEL" --device cuda:0 --batch 1 --prompt-len 16 \
+  "$W/specd-bench" draft --model "$MODEL" --device cuda:0 --batch "$BATCH" --prompt-len 16 \
   --new-tokens "$STEPS" --repeat 1 >/dev/null 2>"$OUT/ncu-$tag.err"
 echo "ncu exit $? ($(wc -l <"$csv") lines)"
 python3 - "$csv" "$STEPS" <<'EOF'

@@ -26,18 +26,49 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 }
 
 __device__ __forceinline__ u32 pack2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 r;
+#if DT_BF16
+    asm("{ cvt.rn.bf16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("{ cvt.rn.f16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+#else
     return (u32)from_f(lo) | ((u32)from_f(hi) << 16);
+#endif
 }
 
-// RMSNorm of a 16-byte chunk of X (values of the model dtype, so the rounding is exact).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Two products of model-dtype values rounded once to the model dtype: the same value as
+// rounding their exact (f32) product.
+__device__ __forceinline__ u32 mul2(u32 a, u32 b) {
+    u32 r;
+#if DT_BF16
+    asm("{ mul.rn.bf16x2 %0, %1, %2; }" : "=r"(r) : "r"(a), "r"(b));
+#else
+    asm("{ mul.rn.f16x2 %0, %1, %2; }" : "=r"(r) : "r"(a), "r"(b));
+#endif
+    return r;
+}
+
+// RMSNorm of a 16-byte chunk of X: rnd(w · rnd(x · inv)), with w the packed norm weights.
+__device__ __forceinline__ uint4 norm8(uint4 v, uint4 w, float inv) {
+    float f[8];
+    unpack8(v, f);
+    return make_uint4(mul2(pack2(f[0] * inv, f[1] * inv), w.x), mul2(pack2(f[2] * inv, f[3] * inv), w.y),
+                      mul2(pack2(f[4] * inv, f[5] * inv), w.z), mul2(pack2(f[6] * inv, f[7] * inv), w.w));
+}
+#else
 __device__ __forceinline__ uint4 norm8(uint4 v, uint4 w, float inv) {
     float f[8], n[8];
     unpack8(v, f);
     unpack8(w, n);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = rnd(n[e] * rnd(f[e] * inv));
+    for (int e = 0; e < 8; ++e) f[e] = n[e] * rnd(f[e] * inv);  // pack2 rounds the product
     return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
 }
+#endif
 
 #ifndef TC_U
 #define TC_U 2  // k blocks in flight per warp
@@ -116,12 +147,13 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
             int kb = s + S * (it + u);
             if (kb >= NKB) break;
             uint4 xa[TT][2];
+            uint4 nwk = MODE == 1 ? ((const uint4*)nw)[kb * 4 + tig] : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int t = 0; t < TT; ++t)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     xa[t][h] = xrow[t][h][kb * 4];
-                    if (MODE == 1) xa[t][h] = norm8(xa[t][h], ((const uint4*)nw)[kb * 4 + tig], inv[t][h]);
+                    if (MODE == 1) xa[t][h] = norm8(xa[t][h], nwk, inv[t][h]);
                 }
 #pragma unroll
             for (int i = 0; i < NW; ++i)

@@ -55,8 +55,13 @@ impl GemvTune {
             down: (1, 4),
             lm: (if c.hidden_size > 1024 { 2 } else { 4 }, 1),
         };
+        // Wide shapes (Qwen2.5-1.5B: 1536 / 8960): two rows per warp for gate/up and down
+        // (1.222 -> 1.183 ms per token at batch 1, measured on an NVIDIA H200).
+        if c.hidden_size > 1024 {
+            t.gate_up = (2, 1);
+        }
         if c.intermediate_size > 6144 {
-            t.down = (1, 8);
+            t.down = (2, 8);
         }
         // SPECD_DRAFT_GEMV="down=1x8,lm=2x1" overrides them (tuning on another GPU).
         if let Ok(v) = std::env::var("SPECD_DRAFT_GEMV") {
