@@ -82,6 +82,9 @@ pub(super) struct Level {
     pub(super) ver: [Ewma; K_TRACKED + 1],
     pub(super) dec_probe: Option<Instant>,
     pub(super) ver_probe: Option<Instant>,
+    /// When a stream first speculated at this level without a decode cost, the probe
+    /// deferred because speculation won under any plausible one (`Costs::defer_probe`).
+    pub(super) dec_deferred: Option<Instant>,
 }
 
 impl Level {
@@ -424,6 +427,20 @@ impl CostModel {
         }
     }
 
+    /// With no decode cost measured yet but a round that wins under any plausible one:
+    /// whether the first decode probe may still wait. It waits a quarter of the probe
+    /// interval from the first such round at the level, so a short generation with
+    /// drafts that win by far never pays a probe's relay restart and decode steps (about
+    /// 5 % of a perfect-draft run in the harness), while a wrong guess costs at most that
+    /// quarter interval before the probe corrects it.
+    pub(super) fn defer_probe(&self, level_load: usize, now: Instant) -> bool {
+        let Ok(mut g) = self.levels.lock() else {
+            return false;
+        };
+        let since = *g[level_of(level_load)].dec_deferred.get_or_insert(now);
+        now.saturating_duration_since(since) < self.probe_interval / 4
+    }
+
     /// Claim a probe of a level: true for one caller per interval.
     pub(super) fn claim_probe(&self, level_load: usize, probe: Probe, now: Instant) -> bool {
         let Ok(mut g) = self.levels.lock() else {
@@ -461,7 +478,26 @@ const SUSPECT: f64 = 0.8;
 /// would make relaying win.
 pub(super) const DEC_HINGES: f64 = 1.2;
 
+/// The most decode steps a round is believed to cost before the decode cost is measured,
+/// in a step small enough to stay bound by memory (`MEMORY_BOUND_TOKENS`): a verify ≈ 2.5
+/// decode steps in the field, 2.4 to 3.5 in the harness's model up to 16 streams. A
+/// round expected to yield more tokens than that wins whatever T_dec turns out; where a
+/// verify costs more, the deferred probe (`CostModel::defer_probe`) corrects the guess,
+/// and a round yielding nearly its K + 1 tokens loses little even then.
+pub(super) const RATIO_MAX: f64 = 6.0;
+
+/// Tokens a verify step may compute (streams × (K + 1)) for `RATIO_MAX` to be believed:
+/// beyond it a step grows compute-bound and a verify's cost in decode steps has no bound
+/// known before measuring (in the harness's model it doubles from 1 to 64 streams).
+const MEMORY_BOUND_TOKENS: usize = 256;
+
 impl Costs {
+    /// `b`, verified beside `load` sequences, beats plain decoding under the cheapest
+    /// plausible decode cost.
+    pub(super) fn wins_unmeasured(&self, b: &Best, load: usize) -> bool {
+        b.tokens > RATIO_MAX && load.max(1) * (b.k + 1) <= MEMORY_BOUND_TOKENS
+    }
+
     /// How much more than a decode step (re)starting a relay costs.
     pub(super) fn restart_extra(&self, dec: f64) -> f64 {
         self.restart.map_or(0.0, |r| (r - dec).max(0.0))

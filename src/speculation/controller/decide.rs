@@ -146,6 +146,16 @@ impl Controller {
             (_, None) if kp > 0 => Decision::Speculate(kp),
             (_, None) if !s.may_relay => Decision::Speculate(0),
             (_, None) => Decision::Relay { probe: false },
+            // Decode cost unknown, but the round wins under any plausible one: speculate,
+            // and measure it later (`CostModel::defer_probe`).
+            (None, Some(b))
+                if s.may_relay
+                    && !self.batch.probing()
+                    && x.costs.wins_unmeasured(&b, x.load)
+                    && self.costs.defer_probe(x.load, self.now()) =>
+            {
+                Decision::Speculate(b.k)
+            }
             // Decode cost unknown: relay (plain decoding is never a loss) and measure it;
             // one stream per interval holds the probe, which keeps it relaying a while.
             (None, Some(_)) if s.may_relay => Decision::Relay {

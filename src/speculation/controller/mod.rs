@@ -24,7 +24,10 @@
 //! such rounds (4, or as many as the verdict has held in a row, never more than the
 //! rounds left in the generation) exceeds that extra cost; a
 //! relaying stream comes back when a round at k* saves time (E·T_dec − L − T > 0) and a
-//! few such rounds save more than that extra cost. `on`
+//! few such rounds save more than that extra cost. Before T_dec is measured, a stream
+//! relays to measure it, unless its round yields more tokens than a verify is believed to
+//! cost decode steps (`RATIO_MAX`, in a step small enough to stay memory-bound): then it
+//! speculates, and the probe waits a quarter of the probe interval. `on`
 //! verifies whatever the drafter proposed, up to the request's K. Seeded sampled requests
 //! never relay (a relay segment draws many positions from one random stream, so where it
 //! starts would change the output); they choose among k = 0..K, k = 0 being one plain

@@ -445,3 +445,59 @@ fn a_decode_cost_as_high_as_a_verify_is_not_believed() {
     let d = c.decode_cost_estimate(1).unwrap_or(0.0);
     assert!((d - 0.012).abs() < 1e-9, "{d}");
 }
+
+#[test]
+fn a_round_that_wins_by_far_defers_the_first_decode_probe() {
+    let clock = Arc::new(VirtualClock::default());
+    let c = Arc::new(
+        Controller::new(
+            ControllerConfig {
+                probe_interval: Duration::from_secs(10),
+                explore: 0.0,
+                watch_every: 1,
+            },
+            None,
+        )
+        .with_clock(clock.clone()),
+    );
+    let _me = c.enter();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.99, 0.9);
+    c.record_verify(16, 1, ms(30.0));
+    let mut plan = |c: &Controller| {
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(16, 0.9),
+            1000,
+        )
+    };
+    // No decode cost yet, but more tokens a round than a verify costs decode steps.
+    assert!(matches!(plan(&c), Decision::Speculate(k) if k > 6));
+    let start = clock.now();
+    clock.advance_to(start + Duration::from_secs(2));
+    assert!(
+        matches!(plan(&c), Decision::Speculate(_)),
+        "deferred for a quarter interval"
+    );
+    clock.advance_to(start + Duration::from_secs(3));
+    assert_eq!(plan(&c), Decision::Relay { probe: true }, "then measured");
+
+    // A step of 20 streams × 17 tokens may be compute-bound: no deferral there.
+    let c = ctl();
+    let _all: Vec<_> = (0..20).map(|_| c.enter()).collect();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.99, 0.9);
+    c.record_verify(16, 20, ms(30.0));
+    assert_eq!(
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(16, 0.9),
+            1000
+        ),
+        Decision::Relay { probe: true }
+    );
+}
