@@ -97,8 +97,9 @@ async fn network_cut_mid_stream_then_recovery() {
         fwd.cut();
         let (events, done) = r.rest().await;
         assert!(done && !r.broken, "{mode}: ends with [DONE]");
-        let err = error_of(events.last().expect("events"))
-            .expect("error event")
+        let last = events.last().expect("events");
+        let err = error_of(last)
+            .unwrap_or_else(|| panic!("{mode}: ends with an error event, not {last}"))
             .clone();
         assert!(matches!(err["code"].as_u64(), Some(502 | 504)), "{err}");
         println!(
