@@ -14,6 +14,21 @@ fn ctl() -> Arc<Controller> {
     ))
 }
 
+/// A controller on a virtual clock, probing every 10 s.
+fn ctl_on(clock: &Arc<VirtualClock>) -> Arc<Controller> {
+    Arc::new(
+        Controller::new(
+            ControllerConfig {
+                probe_interval: Duration::from_secs(10),
+                explore: 0.0,
+                watch_every: 1,
+            },
+            None,
+        )
+        .with_clock(clock.clone()),
+    )
+}
+
 fn ms(x: f64) -> Duration {
     Duration::from_secs_f64(x / 1000.0)
 }
@@ -395,17 +410,7 @@ fn clients_that_bypass_specd_count_as_decoding_streams() {
 #[test]
 fn an_old_verify_cost_is_trusted_less_and_less() {
     let clock = Arc::new(VirtualClock::default());
-    let c = Arc::new(
-        Controller::new(
-            ControllerConfig {
-                probe_interval: Duration::from_secs(10),
-                explore: 0.0,
-                watch_every: 1,
-            },
-            None,
-        )
-        .with_clock(clock.clone()),
-    );
+    let c = ctl_on(&clock);
     // Verify rounds measured in a load spike: 200 ms, where 8 good drafts are worth
     // about 100 ms of plain decoding.
     for _ in 0..20 {
@@ -449,17 +454,7 @@ fn a_decode_cost_as_high_as_a_verify_is_not_believed() {
 #[test]
 fn a_round_that_wins_by_far_defers_the_first_decode_probe() {
     let clock = Arc::new(VirtualClock::default());
-    let c = Arc::new(
-        Controller::new(
-            ControllerConfig {
-                probe_interval: Duration::from_secs(10),
-                explore: 0.0,
-                watch_every: 1,
-            },
-            None,
-        )
-        .with_clock(clock.clone()),
-    );
+    let c = ctl_on(&clock);
     let _me = c.enter();
     let mut s = StreamCtl::new(true, 1);
     teach(&c, &mut s, 0.99, 0.9);
