@@ -168,6 +168,12 @@ impl Best {
     pub(super) fn speedup(&self, dec: f64) -> f64 {
         self.tokens * dec / self.time
     }
+
+    /// This round, verified beside `load` sequences, beats plain decoding under the
+    /// cheapest plausible decode cost (`RATIO_MAX`).
+    pub(super) fn wins_unmeasured(&self, load: usize) -> bool {
+        self.tokens > RATIO_MAX && load.max(1) * (self.k + 1) <= MEMORY_BOUND_TOKENS
+    }
 }
 
 impl Costs {
@@ -492,12 +498,6 @@ pub(super) const RATIO_MAX: f64 = 6.0;
 const MEMORY_BOUND_TOKENS: usize = 256;
 
 impl Costs {
-    /// `b`, verified beside `load` sequences, beats plain decoding under the cheapest
-    /// plausible decode cost.
-    pub(super) fn wins_unmeasured(&self, b: &Best, load: usize) -> bool {
-        b.tokens > RATIO_MAX && load.max(1) * (b.k + 1) <= MEMORY_BOUND_TOKENS
-    }
-
     /// How much more than a decode step (re)starting a relay costs.
     pub(super) fn restart_extra(&self, dec: f64) -> f64 {
         self.restart.map_or(0.0, |r| (r - dec).max(0.0))

@@ -151,7 +151,7 @@ impl Controller {
             (None, Some(b))
                 if s.may_relay
                     && !self.batch.probing()
-                    && x.costs.wins_unmeasured(&b, x.load)
+                    && b.wins_unmeasured(x.load)
                     && self.costs.defer_probe(x.load, self.now()) =>
             {
                 Decision::Speculate(b.k)
