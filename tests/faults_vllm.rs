@@ -8,15 +8,24 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 /// A TCP forwarder to the upstream that can cut every connection and come back.
+///
+/// A cut can also be armed to fire inside the forwarder, once a number of response bytes
+/// of generation calls (`POST /v1/...`) have passed: the cut then lands mid-stream however
+/// slowly the test itself is scheduled, since nothing reaches specd past that point.
 struct Forwarder {
     addr: std::net::SocketAddr,
     target: String,
     stop: CancellationToken,
+    /// Generation response bytes left before an armed cut fires.
+    budget: Arc<AtomicI64>,
 }
 
 impl Forwarder {
@@ -27,8 +36,14 @@ impl Forwarder {
             addr,
             target: target.to_string(),
             stop: CancellationToken::new(),
+            budget: Arc::new(AtomicI64::new(i64::MAX)),
         };
-        tokio::spawn(forward(l, f.target.clone(), f.stop.clone()));
+        tokio::spawn(forward(
+            l,
+            f.target.clone(),
+            f.stop.clone(),
+            f.budget.clone(),
+        ));
         f
     }
 
@@ -36,28 +51,82 @@ impl Forwarder {
         self.stop.cancel();
     }
 
+    /// Cut every connection once `bytes` more response bytes of generation calls passed.
+    fn cut_after(&self, bytes: i64) {
+        self.budget.store(bytes, Ordering::SeqCst);
+    }
+
+    fn was_cut(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
     async fn restore(&mut self) {
         self.stop = CancellationToken::new();
+        self.budget.store(i64::MAX, Ordering::SeqCst);
         let l = TcpListener::bind(self.addr).await.unwrap();
-        tokio::spawn(forward(l, self.target.clone(), self.stop.clone()));
+        tokio::spawn(forward(
+            l,
+            self.target.clone(),
+            self.stop.clone(),
+            self.budget.clone(),
+        ));
     }
 }
 
-async fn forward(listener: TcpListener, target: String, stop: CancellationToken) {
+async fn forward(
+    listener: TcpListener,
+    target: String,
+    stop: CancellationToken,
+    budget: Arc<AtomicI64>,
+) {
     loop {
-        let (mut inbound, _) = tokio::select! {
+        let (inbound, _) = tokio::select! {
             a = listener.accept() => match a { Ok(x) => x, Err(_) => return },
             _ = stop.cancelled() => return,
         };
-        let (target, stop) = (target.clone(), stop.clone());
+        let (target, stop, budget) = (target.clone(), stop.clone(), budget.clone());
         tokio::spawn(async move {
-            let Ok(mut outbound) = TcpStream::connect(&target).await else {
+            let Ok(outbound) = TcpStream::connect(&target).await else {
                 return;
             };
+            let (mut from_client, mut to_client) = inbound.into_split();
+            let (mut from_up, mut to_up) = outbound.into_split();
+            // Whether the request now on this (kept-alive) connection is a generation call.
+            let generating = AtomicBool::new(false);
+            let up = async {
+                let mut buf = vec![0u8; 16 << 10];
+                while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                    let head = &buf[..n];
+                    if head.starts_with(b"GET ") || head.starts_with(b"POST ") {
+                        generating.store(head.starts_with(b"POST /v1/"), Ordering::SeqCst);
+                    }
+                    if to_up.write_all(head).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = to_up.shutdown().await;
+            };
+            // Stops at once when the cut fires: while the upstream keeps data ready, this
+            // loop would not yield to the `select!` below for many reads.
+            let down = async {
+                let mut buf = vec![0u8; 16 << 10];
+                while let Ok(n @ 1..) = from_up.read(&mut buf).await {
+                    if stop.is_cancelled() || to_client.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    if generating.load(Ordering::SeqCst)
+                        && budget.fetch_sub(n as i64, Ordering::SeqCst) <= n as i64
+                    {
+                        stop.cancel();
+                        break;
+                    }
+                }
+            };
             tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                _ = stop.cancelled() => { let _ = inbound.shutdown().await; }
+                _ = async { tokio::join!(up, down) } => {}
+                _ = stop.cancelled() => {}
             }
+            let _ = to_client.shutdown().await;
         });
     }
 }
@@ -85,6 +154,12 @@ async fn network_cut_mid_stream_then_recovery() {
     let specd = Specd::start_ready(&format!("http://{}", fwd.addr), &[]).await;
     let prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox";
     for mode in ["on", "auto"] {
+        // A small part of what the 1500 tokens take either way: about 20 relayed chunks
+        // (~380 bytes a token) or a few verify answers (~35 bytes a token at full
+        // acceptance, so at most a fifth of the tokens): the cut lands after the first
+        // tokens and long before the end.
+        fwd.cut_after(8 << 10);
+        let t = Instant::now();
         let mut r = SseReader::open(
             &specd.url,
             "/v1/completions",
@@ -92,18 +167,24 @@ async fn network_cut_mid_stream_then_recovery() {
         )
         .await;
         assert_eq!(r.status, 200);
-        assert!(r.next().await.is_some(), "a first chunk");
-        let t = Instant::now();
-        fwd.cut();
         let (events, done) = r.rest().await;
+        assert!(
+            fwd.was_cut(),
+            "{mode}: the cut fired before the generation ended"
+        );
         assert!(done && !r.broken, "{mode}: ends with [DONE]");
-        let last = events.last().expect("events");
+        let (last, before) = events.split_last().expect("events");
+        assert!(
+            before.iter().any(|e| !token_ids(e).is_empty()),
+            "{mode}: tokens came before the cut"
+        );
         let err = error_of(last)
             .unwrap_or_else(|| panic!("{mode}: ends with an error event, not {last}"))
             .clone();
         assert!(matches!(err["code"].as_u64(), Some(502 | 504)), "{err}");
         println!(
-            "FAULT vLLM connection cut mid-stream ({mode}): error event {} + [DONE] after {} ms",
+            "FAULT vLLM connection cut mid-stream ({mode}, after {} events): error event {} + [DONE] {} ms after the request",
+            before.len(),
             err["code"],
             t.elapsed().as_millis()
         );
