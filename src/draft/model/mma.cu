@@ -141,6 +141,21 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+    // The X fragments (and norm weights) of a round's TC_U k blocks, loaded together before
+    // any is used: clamped to a valid block, so that no load waits behind the branch on
+    // the k block (which made each block's loads a round trip of their own).
+    uint4 xb[TC_U][TT][2], nwb[TC_U];
+    auto load_x = [&](int it0, uint4 (&xd)[TC_U][TT][2], uint4 (&nd)[TC_U]) {
+#pragma unroll
+        for (int u = 0; u < TC_U; ++u) {
+            int kb = min(s + S * (it0 + u), NKB - 1);
+            nd[u] = MODE == 1 ? ((const uint4*)nw)[kb * 4 + tig] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int t = 0; t < TT; ++t)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) xd[u][t][h] = xrow[t][h][kb * 4];
+        }
+    };
     for (int it = 0; it < ITER; it += TC_U) {
         uint4 wn[TC_U][NW];
 #pragma unroll
@@ -149,19 +164,17 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
 #pragma unroll
             for (int i = 0; i < NW; ++i) wn[u][i] = kb < NKB ? __ldg(wrow[i] + kb * 4) : make_uint4(0, 0, 0, 0);
         }
+        load_x(it, xb, nwb);
 #pragma unroll
         for (int u = 0; u < TC_U; ++u) {
             int kb = s + S * (it + u);
             if (kb >= NKB) break;
             uint4 xa[TT][2];
-            uint4 nwk = MODE == 1 ? ((const uint4*)nw)[kb * 4 + tig] : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int t = 0; t < TT; ++t)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    xa[t][h] = xrow[t][h][kb * 4];
-                    if (MODE == 1) xa[t][h] = norm8(xa[t][h], nwk, inv[t][h]);
-                }
+                for (int h = 0; h < 2; ++h)
+                    xa[t][h] = MODE == 1 ? norm8(xb[u][t][h], nwb[u], inv[t][h]) : xb[u][t][h];
 #pragma unroll
             for (int i = 0; i < NW; ++i)
 #pragma unroll

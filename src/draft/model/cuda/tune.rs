@@ -235,18 +235,19 @@ impl TcTune {
 
 /// Decode steps of 2 to this many streams run on the tensor-core kernels (`mma.cu`), larger
 /// ones on cuBLAS. `SPECD_DRAFT_TC=0` turns them off, `1` on up to 64 streams, `N` up to N.
-pub(super) fn tc_max_streams(c: &ModelConfig) -> usize {
-    // Measured on an NVIDIA H200 (docs/draft-model.md, "The RMSNorm once per step"): on
-    // the Qwen2.5-0.5B shape the tensor-core step is faster up to 16 streams (0.93 against
-    // 1.12 ms at 8), on the wider 1.5B shape only up to 8 and by less (1.92 against 1.95),
-    // and on both far slower at 32, where its kernels take two tiles of 16 tokens.
-    let default = if c.hidden_size > 1024 { 8 } else { 16 };
+pub(super) fn tc_max_streams() -> usize {
     match std::env::var("SPECD_DRAFT_TC")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
         Some(1) => 64,
         Some(n) => n.min(64),
-        None => default,
+        None => TC_MAX_STREAMS,
     }
 }
+
+/// Up to 16 streams the tensor-core step is faster than cuBLAS's on both Qwen2.5 shapes
+/// (0.5B: 1.027 against 1.216 ms at 16; 1.5B: 1.951 against 1.997), at 32 slower (1.257
+/// against 1.180, 2.804 against 2.090): measured on an NVIDIA H200, docs/draft-model.md
+/// "The RMSNorm once per step".
+const TC_MAX_STREAMS: usize = 16;
