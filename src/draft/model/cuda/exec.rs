@@ -403,8 +403,9 @@ impl CudaEngine {
         let a = &self.a;
         let ntu = nt as u32;
         let one = self.fused && nt == 1;
-        // Every row one token: a decode step.
-        let tc = !one && nt == nr && nt <= self.tc_max;
+        // Every row one token: a decode step of several streams (one token alone runs the
+        // GEMVs, or cuBLAS with `SPECD_DRAFT_FUSED=0`).
+        let tc = nt >= 2 && nt == nr && nt <= self.tc_max;
         // The tensor-core step's first RMSNorm reads the input's sums of squares.
         let (ss, ss_next) = if tc { self.ss_bufs() } else { (0, 0) };
         match io.prev_tok {
