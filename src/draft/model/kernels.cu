@@ -251,9 +251,9 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 // Attention of token t's GROUP query heads sharing key/value head blockIdx.y over
 // split blockIdx.z of its keys 0..pos[t], writing [T, NH*HD] to `out`. The grid has the
 // most splits a step may use (fixed when it is captured); a token uses as many as its
-// keys fill, at least min_split keys each (MIN_SPLIT for one token: fewer blocks, no
-// merge; a step of many tokens may take shorter splits to fill the GPU), and the blocks
-// beyond them leave at once.
+// keys fill, at least min_split keys each (MIN_SPLIT unless SPECD_DRAFT_ATT_SPLIT sets it
+// for steps of several streams; shorter splits measured slower), and the blocks beyond
+// them leave at once.
 // With several splits each block leaves its unnormalized sums and (max, sum) in part_o
 // ([T, NH, S, HD]) and part_ml ([T, NH, S, 2]); the last block of a (token, kv head) to
 // finish merges them (counters must start at zero; the merging block resets its own).
