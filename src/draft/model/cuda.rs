@@ -11,8 +11,10 @@
 //! over the keys for small batches, the last block merging the splits), output
 //! projection with the residual added in place, RMSNorm, gate/up projection, SiLU·mul,
 //! down projection with the residual added in place; projections through cuBLAS.
-//! `SPECD_DRAFT_FUSED=0` runs one-token steps that way too; `SPECD_DRAFT_TC=1` runs decode
-//! steps of 2..=64 streams on tensor-core kernels instead (slower so far).
+//! `SPECD_DRAFT_FUSED=0` runs one-token steps that way too. Decode steps of a few streams
+//! run on tensor-core kernels instead (`tune::tc_max_streams`), five kernels a layer:
+//! each RMSNorm scales by a per-token sum of squares that the kernel writing the
+//! residual stream accumulated.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,6 +35,9 @@ use crate::draft::DraftError;
 const BUCKETS: [usize; 10] = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64];
 /// Decode steps one graph may chain (`SPECD_DRAFT_CHAIN` lowers it; 1 turns chaining off).
 const MAX_CHAIN: usize = 8;
+/// Fewest keys per attention split of a one-token step (two chunks of the kernel's 128
+/// threads: `MIN_SPLIT` in kernels.cu).
+const ATT_MIN_SPLIT: i32 = 256;
 /// Blocks per row of the two-pass greedy sampling.
 const ARGMAX_BLOCKS: usize = 64;
 
@@ -194,15 +199,20 @@ pub struct CudaEngine {
     /// One-token steps run the `gemv_*` kernels instead of norms + cuBLAS.
     fused: bool,
     tune: GemvTune,
-    /// Decode steps of 2..=64 tokens run the `tc_*` kernels instead of cuBLAS
-    /// (`SPECD_DRAFT_TC=1`; needs widths divisible by 32). Off by default: on an H200
-    /// they measured about twice as slow as cuBLAS at 32 streams (too few weight bytes
-    /// in flight per warp).
-    tc: bool,
+    /// Decode steps of 2..=tc_max tokens run the `tc_*` kernels instead of cuBLAS
+    /// (`tune::tc_max_streams`; 0 where widths are not divisible by 32).
+    tc_max: usize,
     tc_tune: TcTune,
+    /// Per-token sums of squares of the residual stream for the tensor-core step's
+    /// RMSNorms: [2][max_tokens], alternately written (embed, o / down projections) and
+    /// read (q/k/v and output projections / gate/up).
+    ss: Buf<f32>,
     /// Launch with programmatic dependent launch: a kernel's blocks are scheduled while
     /// the one before it finishes, and wait for it on the device (`pdl_enter`).
     pdl: bool,
+    /// Fewest keys per attention split in decode steps of several streams
+    /// (`SPECD_DRAFT_ATT_SPLIT` overrides).
+    att_split: i32,
     /// Multiprocessors of the device, to size grids.
     sms: usize,
     use_graphs: bool,
@@ -243,7 +253,8 @@ mod exec;
 mod io;
 mod tune;
 use tune::{
-    att_prefetch, kernel_source, GemvTune, Role, TcRole, TcTune, ROLE_KERNELS, TC_KERNELS, TC_TILES,
+    att_prefetch, kernel_source, tc_max_streams, GemvTune, Role, TcRole, TcTune, ROLE_KERNELS,
+    TC_KERNELS, TC_TILES,
 };
 
 impl CudaEngine {
@@ -461,8 +472,12 @@ impl CudaEngine {
             return Err(derr(st));
         }
         let fused = std::env::var("SPECD_DRAFT_FUSED").map_or(true, |v| v != "0");
-        let tc = [h, nh * d, inter].iter().all(|k| k % 32 == 0)
-            && std::env::var("SPECD_DRAFT_TC").is_ok_and(|v| v == "1");
+        let tc_max = if [h, nh * d, inter].iter().all(|k| k % 32 == 0) {
+            tc_max_streams()
+        } else {
+            0
+        };
+        let ss = alloc::<f32>(&stream, 2 * max_tokens)?;
         stream.synchronize().map_err(derr)?;
         Ok(Self {
             stream,
@@ -490,8 +505,14 @@ impl CudaEngine {
             max_rows: max_rows_padded,
             fused,
             tune,
-            tc,
+            tc_max,
             tc_tune,
+            ss,
+            att_split: std::env::var("SPECD_DRAFT_ATT_SPLIT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(ATT_MIN_SPLIT)
+                .max(1),
             pdl,
             sms,
             use_graphs: l.graphs,

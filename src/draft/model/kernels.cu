@@ -104,26 +104,44 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Row t of the embedding table into x[t]. With `ss` (the tensor-core decode step) it
+// also writes the row's sum of squares there, which the first q/k/v projection's
+// RMSNorm reads instead of every block recomputing it, and zeroes ss_next, into which
+// the first output projection adds the sums of the next residual stream.
+__device__ __forceinline__ void embed_row(const u16* __restrict__ src, u16* __restrict__ dst,
+                                          int t, float* __restrict__ ss, float* __restrict__ ss_next) {
+    __shared__ float red[32];
+    float sq = 0.f;
+    for (int i = threadIdx.x; i < HIDDEN / 8; i += blockDim.x) {
+        uint4 v = ((const uint4*)src)[i];
+        ((uint4*)dst)[i] = v;
+        float f[8];
+        unpack8(v, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sq += f[e] * f[e];
+    }
+    if (!ss) return;
+    sq = block_sum(sq, red);
+    if (threadIdx.x == 0) { ss[t] = sq; ss_next[t] = 0.f; }
+}
+
 // x[t] = embedding[ids[t]]
 extern "C" __global__ void embed(const int* __restrict__ ids, const u16* __restrict__ table,
-                                 u16* __restrict__ x) {
+                                 u16* __restrict__ x, float* ss, float* ss_next) {
     pdl_enter();
     int t = blockIdx.x;
-    const uint4* src = (const uint4*)(table + (size_t)ids[t] * HIDDEN);
-    uint4* dst = (uint4*)(x + (size_t)t * HIDDEN);
-    for (int i = threadIdx.x; i < HIDDEN / 8; i += blockDim.x) dst[i] = src[i];
+    embed_row(table + (size_t)ids[t] * HIDDEN, x + (size_t)t * HIDDEN, t, ss, ss_next);
 }
 
 // A chained decode step: x[t] = embedding[prev[t]] (the step before's sample) at the
 // position after the step before's.
 extern "C" __global__ void embed_next(const int* __restrict__ prev, int* __restrict__ pos,
-                                      const u16* __restrict__ table, u16* __restrict__ x) {
+                                      const u16* __restrict__ table, u16* __restrict__ x,
+                                      float* ss, float* ss_next) {
     pdl_enter();
     int t = blockIdx.x;
     if (threadIdx.x == 0) pos[t] += 1;
-    const uint4* src = (const uint4*)(table + (size_t)prev[t] * HIDDEN);
-    uint4* dst = (uint4*)(x + (size_t)t * HIDDEN);
-    for (int i = threadIdx.x; i < HIDDEN / 8; i += blockDim.x) dst[i] = src[i];
+    embed_row(table + (size_t)prev[t] * HIDDEN, x + (size_t)t * HIDDEN, t, ss, ss_next);
 }
 
 // out[r] = rmsnorm(x[rows ? rows[r] : r]) * w, rounded like the reference
@@ -233,14 +251,17 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 // Attention of token t's GROUP query heads sharing key/value head blockIdx.y over
 // split blockIdx.z of its keys 0..pos[t], writing [T, NH*HD] to `out`. The grid has the
 // most splits a step may use (fixed when it is captured); a token uses as many as its
-// keys fill, at least MIN_SPLIT keys each, and the blocks beyond them leave at once.
+// keys fill, at least min_split keys each (MIN_SPLIT unless SPECD_DRAFT_ATT_SPLIT sets it
+// for steps of several streams; shorter splits measured slower), and the blocks beyond
+// them leave at once.
 // With several splits each block leaves its unnormalized sums and (max, sum) in part_o
 // ([T, NH, S, HD]) and part_ml ([T, NH, S, 2]); the last block of a (token, kv head) to
 // finish merges them (counters must start at zero; the merging block resets its own).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
      const int* __restrict__ pos, const int* __restrict__ slot, u16* __restrict__ out,
-     float* part_o, float* part_ml, unsigned int* counters, float scale, int prefetch) {
+     float* part_o, float* part_ml, unsigned int* counters, float scale, int prefetch,
+     int min_split) {
     __shared__ float qs[GROUP][HD];
     __shared__ float ps[GROUP][ATT_THREADS];
     __shared__ float alpha_s[GROUP], m_s[GROUP], l_s[GROUP];
@@ -249,7 +270,7 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
     int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, SG = gridDim.z;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int L = pos[t] + 1;
-    int per = max(MIN_SPLIT, (L + SG - 1) / SG);
+    int per = max(min_split, (L + SG - 1) / SG);
     // Splits this token uses; part_o / part_ml keep the grid's stride SG.
     int S = (L + per - 1) / per;
     if (sp >= S) return;

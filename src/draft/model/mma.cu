@@ -7,10 +7,15 @@
 // A warp owns RT tiles of 8 output units for TT tiles of 16 tokens over every S-th k
 // block; S warps of a unit sum in shared memory, RG unit groups a block. The first
 // k blocks' weights are loaded before waiting for the predecessor (programmatic
-// dependent launch). MODE 1 computes RMSNorm(X) · nw on the fly (per-token scale in
-// shared memory), OUT as the one-token GEMVs: 0 model dtype (+ accumulate), 2 rows o and
-// O + o of gate/up to silu(gate)·up, 4 f32 logits and per-(token, block) argmax partials
-// (max, first index, sum of exp) for argmax_final.
+// dependent launch). MODE 1 computes RMSNorm(X) · nw on the fly from each token's sum
+// of squares in ssr, which the kernel that wrote X left there (embed, or a projection
+// adding into the residual stream: OUT 0 with accumulate adds its outputs' squares into
+// ssw), so no block recomputes the norm of the whole input. ssz, when given, is zeroed:
+// the sums read two kernels before, so the next residual write can add into them.
+// OUT as the one-token GEMVs: 0 model dtype (+ accumulate), 2 rows o and O + o of
+// gate/up to silu(gate)·up, 3 rows i and i + HD/2 of a q/k/v head with the bias, the
+// rotation at pos[t] and the cache write of slot[t] (q to y; no qk-norm), 4 f32 logits
+// and per-(token, block) argmax partials (max, first index, sum of exp) for argmax_final.
 
 #if DT_BF16
 #define MMA_T "bf16"
@@ -77,9 +82,15 @@ __device__ __forceinline__ uint4 norm8(uint4 v, uint4 w, float inv) {
 template <int K, int MODE, int RT, int S, int RG, int TT, int OUT>
 __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __restrict__ X,
                                         const u16* __restrict__ nw, void* __restrict__ y, int O,
-                                        int accumulate, int nt, float* __restrict__ aux) {
+                                        int accumulate, int nt, float* __restrict__ aux,
+                                        const float* __restrict__ ssr, float* __restrict__ ssw,
+                                        float* __restrict__ ssz, const u16* __restrict__ bias,
+                                        const float* __restrict__ cos_t,
+                                        const float* __restrict__ sin_t, const int* __restrict__ pos,
+                                        const int* __restrict__ slot, u16* __restrict__ kc,
+                                        u16* __restrict__ vc) {
     constexpr int NKB = K / 32;
-    constexpr int RW = OUT == 2 ? 2 : 1;  // weight tiles per unit tile
+    constexpr int RW = OUT == 2 || OUT == 3 ? 2 : 1;  // weight tiles per unit tile
     constexpr int NW = RT * RW;
     constexpr int NACC = RT * TT * 4 * RW;
     constexpr int ITER = (NKB + S - 1) / S;
@@ -95,7 +106,8 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
     for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int w = 0; w < RW; ++w) {
-            int row = min(u0 + r * 8 + g, O - 1) + w * O;
+            int unit = min(u0 + r * 8 + g, O - 1);
+            int row = OUT == 3 ? (unit / (HD / 2)) * HD + unit % (HD / 2) + w * (HD / 2) : unit + w * O;
             wrow[r * RW + w] = (const uint4*)(W + (size_t)row * K) + tig;
         }
     uint4 wb[TC_U][NW];
@@ -105,22 +117,17 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
 #pragma unroll
         for (int i = 0; i < NW; ++i) wb[u][i] = kb < NKB ? __ldg(wrow[i] + kb * 4) : make_uint4(0, 0, 0, 0);
     }
-    pdl_enter();
-    if (MODE == 1) {
-        for (int t = warp; t < TT * 16; t += blockDim.x >> 5) {
-            const uint4* xr = (const uint4*)(X + (size_t)min(t, nt - 1) * K);
-            float ss = 0.f;
-            for (int c = lane; c < K / 8; c += 32) {
-                float f[8];
-                unpack8(xr[c], f);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
-            }
-            ss = warp_sum(ss);
-            if (lane == 0) inv_s[t] = rsqrtf(ss / K + EPS);
-        }
-        __syncthreads();
+    // The q/k/v projection precedes attention, which reads pos and the cache before it
+    // waits; the others let their successor (which loads only weights before its wait)
+    // be scheduled before they wait themselves.
+    if (OUT == 3) {
+        pdl_enter();
+    } else {
+        pdl_trigger();
+        pdl_wait();
     }
+    if (ssz && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < nt; i += blockDim.x) ssz[i] = 0.f;
     const uint4* xrow[TT][2];
     float inv[TT][2];
 #pragma unroll
@@ -129,11 +136,26 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
         for (int h = 0; h < 2; ++h) {
             int tok = min(t * 16 + g + 8 * h, nt - 1);
             xrow[t][h] = (const uint4*)(X + (size_t)tok * K) + tig;
-            inv[t][h] = MODE == 1 ? inv_s[tok] : 1.f;
+            inv[t][h] = MODE == 1 ? rsqrtf(ssr[tok] / K + EPS) : 1.f;
         }
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+    // The X fragments (and norm weights) of a round's TC_U k blocks, loaded together before
+    // any is used: clamped to a valid block, so that no load waits behind the branch on
+    // the k block (which made each block's loads a round trip of their own).
+    uint4 xb[TC_U][TT][2], nwb[TC_U];
+    auto load_x = [&](int it0, uint4 (&xd)[TC_U][TT][2], uint4 (&nd)[TC_U]) {
+#pragma unroll
+        for (int u = 0; u < TC_U; ++u) {
+            int kb = min(s + S * (it0 + u), NKB - 1);
+            nd[u] = MODE == 1 ? ((const uint4*)nw)[kb * 4 + tig] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int t = 0; t < TT; ++t)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) xd[u][t][h] = xrow[t][h][kb * 4];
+        }
+    };
     for (int it = 0; it < ITER; it += TC_U) {
         uint4 wn[TC_U][NW];
 #pragma unroll
@@ -142,19 +164,17 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
 #pragma unroll
             for (int i = 0; i < NW; ++i) wn[u][i] = kb < NKB ? __ldg(wrow[i] + kb * 4) : make_uint4(0, 0, 0, 0);
         }
+        load_x(it, xb, nwb);
 #pragma unroll
         for (int u = 0; u < TC_U; ++u) {
             int kb = s + S * (it + u);
             if (kb >= NKB) break;
             uint4 xa[TT][2];
-            uint4 nwk = MODE == 1 ? ((const uint4*)nw)[kb * 4 + tig] : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int t = 0; t < TT; ++t)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    xa[t][h] = xrow[t][h][kb * 4];
-                    if (MODE == 1) xa[t][h] = norm8(xa[t][h], nwk, inv[t][h]);
-                }
+                for (int h = 0; h < 2; ++h)
+                    xa[t][h] = MODE == 1 ? norm8(xb[u][t][h], nwb[u], inv[t][h]) : xb[u][t][h];
 #pragma unroll
             for (int i = 0; i < NW; ++i)
 #pragma unroll
@@ -243,6 +263,9 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
         }
     }
     if (s != 0) return;
+    float sq[TT][2];  // OUT 0 with accumulate: squares of the written values per token
+#pragma unroll
+    for (int t = 0; t < TT; ++t) sq[t][0] = sq[t][1] = 0.f;
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -260,6 +283,32 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
                     const float* up = acc + ((r * RW + 1) * TT + t) * 4 + 2 * h;
                     *(u32*)((u16*)y + at) = (u32)from_f(silu_mul1(rnd(d[0]), rnd(up[0]))) |
                                             ((u32)from_f(silu_mul1(rnd(d[1]), rnd(up[1]))) << 16);
+                } else if (OUT == 3) {
+                    // Units row, row + 1 of head hd: rows i, i + HD/2 (d) and their partners (up).
+                    const float* up = acc + ((r * RW + 1) * TT + t) * 4 + 2 * h;
+                    int hd = row / (HD / 2), i = row % (HD / 2), p = pos[tok];
+                    float a0 = rnd(d[0]), a1 = rnd(d[1]), b0 = rnd(up[0]), b1 = rnd(up[1]);
+                    if (bias) {
+                        const u16* bh = bias + hd * HD + i;
+                        a0 = rnd(a0 + to_f(bh[0])); a1 = rnd(a1 + to_f(bh[1]));
+                        b0 = rnd(b0 + to_f(bh[HD / 2])); b1 = rnd(b1 + to_f(bh[HD / 2 + 1]));
+                    }
+                    size_t crow = ((size_t)slot[tok] * MAX_LEN + p) * NKV;
+                    u16* dst;
+                    if (hd >= NH + NKV) {
+                        dst = vc + (crow + (hd - NH - NKV)) * HD + i;
+                    } else {
+                        dst = hd < NH ? (u16*)y + (size_t)tok * NH * HD + hd * HD + i
+                                      : kc + (crow + (hd - NH)) * HD + i;
+                        const float* cp = cos_t + (size_t)p * PAIRS + i;
+                        const float* sp = sin_t + (size_t)p * PAIRS + i;
+                        float c0 = rnd(cp[0]), c1 = rnd(cp[1]), s0 = rnd(sp[0]), s1 = rnd(sp[1]);
+                        float ra0 = rnd(a0 * c0) - rnd(b0 * s0), ra1 = rnd(a1 * c1) - rnd(b1 * s1);
+                        b0 = rnd(b0 * c0) + rnd(a0 * s0); b1 = rnd(b1 * c1) + rnd(a1 * s1);
+                        a0 = ra0; a1 = ra1;
+                    }
+                    *(u32*)dst = pack2(a0, a1);
+                    *(u32*)(dst + HD / 2) = pack2(b0, b1);
                 } else {
                     u32* yy = (u32*)((u16*)y + at);
                     float a = d[0], b = d[1];
@@ -268,20 +317,41 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
                         a += to_f((u16)(old & 0xffff));
                         b += to_f((u16)(old >> 16));
                     }
-                    *yy = (u32)from_f(a) | ((u32)from_f(b) << 16);
+                    u32 v = pack2(a, b);
+                    *yy = v;
+                    if (ssw && accumulate) {
+                        float ra = to_f((u16)(v & 0xffff)), rb = to_f((u16)(v >> 16));
+                        sq[t][h] += ra * ra + rb * rb;
+                    }
                 }
             }
+    if (OUT == 0 && ssw && accumulate) {
+        // Sum over the four lanes of a token row, then one atomic per (warp, token).
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v = sq[t][h];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                int tok = t * 16 + g + 8 * h;
+                if (tig == 0 && tok < nt) atomicAdd(ssw + tok, v);
+            }
+    }
 }
 
 #define TC_KERNEL(NAME, K, MODE, ROLE, OUT, TT)                                                   \
     extern "C" __global__ void __launch_bounds__(512) NAME##_t##TT(                             \
-        const u16* W, const u16* X, const u16* nw, void* y, int O, int acc, int nt, float* aux) { \
-        tc_impl<K, MODE, TC_##ROLE##_RT, TC_##ROLE##_S, TC_##ROLE##_RG, TT, OUT>(W, X, nw, y, O, \
-                                                                                 acc, nt, aux);  \
+        const u16* W, const u16* X, const u16* nw, void* y, int O, int acc, int nt, float* aux,  \
+        const float* ssr, float* ssw, float* ssz, const u16* bias, const float* cos_t,           \
+        const float* sin_t, const int* pos, const int* slot, u16* kc, u16* vc) {                 \
+        tc_impl<K, MODE, TC_##ROLE##_RT, TC_##ROLE##_S, TC_##ROLE##_RG, TT, OUT>(                \
+            W, X, nw, y, O, acc, nt, aux, ssr, ssw, ssz, bias, cos_t, sin_t, pos, slot, kc, vc); \
     }
 #define TC_ALL(NAME, K, MODE, ROLE, OUT) \
     TC_KERNEL(NAME, K, MODE, ROLE, OUT, 1) TC_KERNEL(NAME, K, MODE, ROLE, OUT, 2) TC_KERNEL(NAME, K, MODE, ROLE, OUT, 4)
 TC_ALL(tc_qkv, HIDDEN, 1, QKV, 0)
+TC_ALL(tc_qkv_rope, HIDDEN, 1, QKV, 3)
 TC_ALL(tc_o, NH * HD, 0, O, 0)
 TC_ALL(tc_gate_up, HIDDEN, 1, GU, 2)
 TC_ALL(tc_down, INTER, 0, DOWN, 0)

@@ -4,7 +4,10 @@ use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
-use super::{derr, splits_for, CudaEngine, Input, Role, StepIo, TcRole, ARGMAX_BLOCKS, TC_TILES};
+use super::{
+    derr, splits_for, CudaEngine, Input, Role, StepIo, TcRole, ARGMAX_BLOCKS, ATT_MIN_SPLIT,
+    TC_TILES,
+};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
@@ -127,7 +130,7 @@ impl CudaEngine {
                 )?;
             }
             launch!(self, &self.k.attn, (1, nkv as u32, splits as u32), 128;
-                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32)?;
+                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32, ATT_MIN_SPLIT)?;
             self.gemv(Role::O, l.o, a.attn.p, 0, a.x.p, h, true, 0, (0, 0))?;
             self.gemv(
                 Role::GateUp,
@@ -159,6 +162,8 @@ impl CudaEngine {
     }
 
     /// Tensor-core projection `role` of `nt` tokens (2..=64) over `units` output units.
+    /// `ss`: the sums of squares it reads (RMSNorm), adds into (`accumulate`) and
+    /// zeroes; `rope`: the bias and the key/value cache of `TcRole::QkvRope`.
     #[allow(clippy::too_many_arguments)]
     fn tc_proj(
         &self,
@@ -170,19 +175,28 @@ impl CudaEngine {
         units: usize,
         accumulate: bool,
         nt: usize,
+        ss: (u64, u64, u64),
+        rope: (u64, u64, u64),
     ) -> Result<(), DraftError> {
         let (grid, threads) = self.tc_tune.launch(role, units);
         let tiles = TC_TILES
             .iter()
             .position(|&t| t * 16 >= nt)
             .ok_or_else(|| DraftError::Model(format!("{nt} tokens for the tensor-core path")))?;
+        let a = &self.a;
         launch!(self, &self.k.tc[role as usize][tiles], (grid, 1, 1), threads;
-            w, x, nw, y, units as i32, accumulate as i32, nt as i32, self.a.am_part.p)
+            w, x, nw, y, units as i32, accumulate as i32, nt as i32, a.am_part.p,
+            ss.0, ss.1, ss.2, rope.0, a.cos.p, a.sin.p, a.pos, a.slot, rope.1, rope.2)
     }
 
     /// A decode step of `nt` tokens (2..=64) on the tensor-core kernels: per layer the
-    /// q/k/v projection with its RMSNorm, `qkv_post`, attention, the output projection
-    /// adding into the residual, gate/up with its RMSNorm writing silu(gate)·up, down.
+    /// q/k/v projection with its RMSNorm (and, without qk-norm, the bias, rotation and
+    /// cache write; else `qkv_post`), attention, the output projection adding into the
+    /// residual, gate/up with its RMSNorm writing silu(gate)·up, down. The RMSNorms
+    /// scale by per-token sums of squares: `embed` writes those of the input into
+    /// `ss_in`, the output projection adds those of its output into `ss_mid` (read by
+    /// gate/up) and zeroes `ss_in`, down adds into `ss_in` (read by the next layer and
+    /// the output projection) and zeroes `ss_mid`.
     fn encode_tc(&self, nt: usize, splits: usize, io: StepIo) -> Result<(), DraftError> {
         let c = &self.cfg;
         let (h, d, nh, nkv, inter) = (
@@ -196,28 +210,59 @@ impl CudaEngine {
         let ntu = nt as u32;
         let decode = 1i32;
         let scale = 1f32 / (d as f32).sqrt();
+        let (ss_in, ss_mid) = self.ss_bufs();
+        let none = (0, 0, 0);
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
                 self.kc.p + (i * self.layer_kv * 2) as u64,
                 self.vc.p + (i * self.layer_kv * 2) as u64,
             );
             let qkv_dim = (nh + 2 * nkv) * d;
-            self.tc_proj(
-                TcRole::Qkv,
-                l.qkv,
-                a.x.p,
-                l.ln1,
-                a.qkv.p,
-                qkv_dim,
-                false,
-                nt,
-            )?;
-            let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
-            launch!(self, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
-                a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos, a.slot, a.q.p, kc, vc)?;
+            let norm_in = (ss_in, 0, 0);
+            if c.qk_norm {
+                self.tc_proj(
+                    TcRole::Qkv,
+                    l.qkv,
+                    a.x.p,
+                    l.ln1,
+                    a.qkv.p,
+                    qkv_dim,
+                    false,
+                    nt,
+                    norm_in,
+                    none,
+                )?;
+                let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
+                launch!(self, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
+                    a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos, a.slot, a.q.p, kc, vc)?;
+            } else {
+                self.tc_proj(
+                    TcRole::QkvRope,
+                    l.qkv,
+                    a.x.p,
+                    l.ln1,
+                    a.q.p,
+                    qkv_dim / 2,
+                    false,
+                    nt,
+                    norm_in,
+                    (l.qkv_bias, kc, vc),
+                )?;
+            }
             launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
-                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode)?;
-            self.tc_proj(TcRole::O, l.o, a.attn.p, 0, a.x.p, h, true, nt)?;
+                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, self.att_split)?;
+            self.tc_proj(
+                TcRole::O,
+                l.o,
+                a.attn.p,
+                0,
+                a.x.p,
+                h,
+                true,
+                nt,
+                (0, ss_mid, ss_in),
+                none,
+            )?;
             self.tc_proj(
                 TcRole::GateUp,
                 l.gate_up,
@@ -227,8 +272,21 @@ impl CudaEngine {
                 inter,
                 false,
                 nt,
+                (ss_mid, 0, 0),
+                none,
             )?;
-            self.tc_proj(TcRole::Down, l.down, a.act.p, 0, a.x.p, h, true, nt)?;
+            self.tc_proj(
+                TcRole::Down,
+                l.down,
+                a.act.p,
+                0,
+                a.x.p,
+                h,
+                true,
+                nt,
+                (0, ss_in, ss_mid),
+                none,
+            )?;
         }
         let v = c.vocab_size;
         self.tc_proj(
@@ -240,6 +298,8 @@ impl CudaEngine {
             v,
             false,
             nt,
+            (ss_in, 0, 0),
+            none,
         )?;
         let nb = self.tc_tune.launch(TcRole::Lm, v).0 as i32;
         launch!(self, &self.k.argmax_final, (ntu, 1, 1), 32; a.am_part.p, nb, io.tok, io.prob)
@@ -342,17 +402,24 @@ impl CudaEngine {
         );
         let a = &self.a;
         let ntu = nt as u32;
+        let one = self.fused && nt == 1;
+        // Every row one token: a decode step of several streams (one token alone runs the
+        // GEMVs, or cuBLAS with `SPECD_DRAFT_FUSED=0`).
+        let tc = nt >= 2 && nt == nr && nt <= self.tc_max;
+        // The tensor-core step's first RMSNorm reads the input's sums of squares.
+        let (ss, ss_next) = if tc { self.ss_bufs() } else { (0, 0) };
         match io.prev_tok {
-            None => launch!(self, &self.k.embed, (ntu, 1, 1), 128; a.ids, self.embed, a.x.p)?,
+            None => {
+                launch!(self, &self.k.embed, (ntu, 1, 1), 128; a.ids, self.embed, a.x.p, ss, ss_next)?
+            }
             Some(prev) => {
-                launch!(self, &self.k.embed_next, (ntu, 1, 1), 128; prev, a.pos, self.embed, a.x.p)?
+                launch!(self, &self.k.embed_next, (ntu, 1, 1), 128; prev, a.pos, self.embed, a.x.p, ss, ss_next)?
             }
         }
-        if self.fused && nt == 1 {
+        if one {
             return self.encode_one(splits, io);
         }
-        // Every row one token: a decode step.
-        if self.tc && nt == nr && nt <= 64 {
+        if tc {
             return self.encode_tc(nt, splits, io);
         }
         // Attention may prefetch cache rows only when each slot gets one new token.
@@ -377,8 +444,13 @@ impl CudaEngine {
             let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
             launch!(self, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
                 a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos, a.slot, a.q.p, kc, vc)?;
+            let min_split = if decode == 1 {
+                self.att_split
+            } else {
+                ATT_MIN_SPLIT
+            };
             launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
-                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode)?;
+                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, min_split)?;
             self.proj(
                 l.o,
                 a.attn.p,
@@ -427,6 +499,11 @@ impl CudaEngine {
         )?;
         launch!(self, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, c.vocab_size as i32, a.am_part.p)?;
         launch!(self, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, io.tok, io.prob)
+    }
+
+    /// The two halves of the sums-of-squares buffer (see `encode_tc`).
+    fn ss_bufs(&self) -> (u64, u64) {
+        (self.ss.p, self.ss.p + 4 * self.max_tokens as u64)
     }
 
     /// The step's own inputs and outputs (no chaining).

@@ -162,9 +162,19 @@ pub(super) enum TcRole {
     GateUp = 2,
     Down = 3,
     Lm = 4,
+    /// q/k/v with the bias, rotation and cache write in the epilogue (no qk-norm); tuned
+    /// as `Qkv`.
+    QkvRope = 5,
 }
 
-pub(super) const TC_KERNELS: [&str; 5] = ["tc_qkv", "tc_o", "tc_gate_up", "tc_down", "tc_lm"];
+pub(super) const TC_KERNELS: [&str; 6] = [
+    "tc_qkv",
+    "tc_o",
+    "tc_gate_up",
+    "tc_down",
+    "tc_lm",
+    "tc_qkv_rope",
+];
 /// Token tiles (of 16) the `tc_*` kernels are compiled for: steps of up to 64 tokens.
 pub(super) const TC_TILES: [usize; 3] = [1, 2, 4];
 
@@ -175,7 +185,11 @@ pub(super) struct TcTune([(usize, usize, usize); 5]);
 
 impl TcTune {
     pub(super) fn from_env() -> Self {
-        let mut t = Self([(1, 8, 1), (1, 8, 1), (1, 4, 2), (1, 16, 1), (2, 2, 4)]);
+        // gate/up with two tiles a warp, the output projection with four (one and two
+        // before): ms per step at 8 / 32 streams, each alone, 0.950 / 1.487 -> 0.962 /
+        // 1.373 and 0.934 / 1.437 on the Qwen2.5-0.5B shape, 2.004 / 3.466 -> 1.915 /
+        // 3.058 and 1.995 / 3.320 on the 1.5B shape (measured on an NVIDIA H200).
+        let mut t = Self([(1, 8, 1), (1, 8, 1), (2, 4, 2), (1, 16, 1), (4, 2, 2)]);
         // SPECD_DRAFT_TC_TUNE="down=1x8x2,lm=2x1x8" overrides them.
         if let Ok(v) = std::env::var("SPECD_DRAFT_TC_TUNE") {
             for item in v.split(',') {
@@ -186,7 +200,7 @@ impl TcTune {
                     .split('x')
                     .filter_map(|x| x.trim().parse().ok())
                     .collect();
-                let Some(i) = TC_KERNELS.iter().position(|k| k[3..] == *role.trim()) else {
+                let Some(i) = TC_KERNELS[..5].iter().position(|k| k[3..] == *role.trim()) else {
                     continue;
                 };
                 if let [rt, s, rg] = n[..] {
@@ -201,7 +215,10 @@ impl TcTune {
 
     /// (grid, threads) of `role` over `units` output units.
     pub(super) fn launch(&self, role: TcRole, units: usize) -> (u32, u32) {
-        let (rt, s, rg) = self.0[role as usize];
+        let (rt, s, rg) = self.0[match role {
+            TcRole::QkvRope => TcRole::Qkv as usize,
+            r => r as usize,
+        }];
         (units.div_ceil(rt * 8 * rg) as u32, (32 * s * rg) as u32)
     }
 
@@ -215,3 +232,22 @@ impl TcTune {
             .collect()
     }
 }
+
+/// Decode steps of 2 to this many streams run on the tensor-core kernels (`mma.cu`), larger
+/// ones on cuBLAS. `SPECD_DRAFT_TC=0` turns them off, `1` on up to 64 streams, `N` up to N.
+pub(super) fn tc_max_streams() -> usize {
+    match std::env::var("SPECD_DRAFT_TC")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(1) => 64,
+        Some(n) => n.min(64),
+        None => TC_MAX_STREAMS,
+    }
+}
+
+/// Up to 16 streams the tensor-core step is faster than cuBLAS's on both Qwen2.5 shapes
+/// (0.5B: 1.027 against 1.216 ms at 16; 1.5B: 1.951 against 1.997), at 32 slower (1.257
+/// against 1.180, 2.804 against 2.090): measured on an NVIDIA H200, docs/draft-model.md
+/// "The RMSNorm once per step".
+const TC_MAX_STREAMS: usize = 16;
