@@ -91,7 +91,8 @@ async fn forward(
             };
             let (mut from_client, mut to_client) = inbound.into_split();
             let (mut from_up, mut to_up) = outbound.into_split();
-            // Whether the request now on this (kept-alive) connection is a generation call.
+            // Whether the request now on this (kept-alive) connection is a generation call:
+            // a new request's head starts a read (the client writes it in one piece).
             let generating = AtomicBool::new(false);
             let up = async {
                 let mut buf = vec![0u8; 16 << 10];
