@@ -11,6 +11,11 @@
 # hand-offs). With CALLGRIND=1 specd runs under valgrind's callgrind and the line gives
 # instructions per token instead (repeatable where CPU time is not; N=3 is enough);
 # CALLGRIND_OUT=dir keeps the profiles there, one dump per mode, for callgrind_annotate.
+# SIM_ARGS adds specd-sim options: `--base-ms 1` paces tokens 1 ms apart instead of the
+# field's 12 ms, so specd's caches stay warm and what is left is its own work (on a quiet
+# machine the 12 ms wake-ups vary by tens of microseconds from run to run). The sim
+# reports the vLLM version in SPECD_SIM_VLLM_VERSION (from 0.10.2 on, specd reads sampled
+# ids from `return_token_ids` rather than from logprobs).
 # Build first: cargo build --release --bin specd --bin specd-sim
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +33,8 @@ trap cleanup EXIT
 
 wait_line() { for _ in $(seq 150); do grep -q "$2" "$1" && return 0; sleep 0.2; done; return 1; }
 
-"$B/specd-sim" serve --tokenizer "$TOK" --listen 127.0.0.1:0 > "$work/sim.out" 2>&1 &
+# shellcheck disable=SC2086 # SIM_ARGS is a list of options
+"$B/specd-sim" serve --tokenizer "$TOK" --listen 127.0.0.1:0 ${SIM_ARGS:-} > "$work/sim.out" 2>&1 &
 SIM=$!
 wait_line "$work/sim.out" "127.0.0.1:[0-9]" || { echo "specd-sim did not start" >&2; exit 1; }
 UP=http://$(grep -o "127.0.0.1:[0-9]*" "$work/sim.out" | head -1)

@@ -310,7 +310,10 @@ async fn load_512_streams_through_specd_to_vllm() {
     let mut differ = Vec::new();
     for (i, ((ds, de, dd), (vs, ve, vd))) in direct.iter().zip(&via).enumerate() {
         assert!(*ds == 200 && *dd, "direct {i}");
-        assert!(*vs == 200 && *vd, "specd {i}: {ve:?}");
+        assert!(
+            *vs == 200 && *vd,
+            "specd {i}: status {vs}, [DONE] {vd}: {ve:?}"
+        );
         let (a, b) = (stream_token_ids(de), stream_token_ids(ve));
         assert_eq!(
             b.len(),

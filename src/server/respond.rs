@@ -17,6 +17,7 @@ use super::observe::{route_label, Outcome};
 use super::Shared;
 use crate::error::ApiError;
 use crate::metrics::labels::StreamMode;
+use crate::protocol::response::EnvelopeHead;
 use crate::speculation::output::{self, new_id, Parsed, Shape};
 use crate::speculation::reasoning::Reasoning;
 use crate::speculation::request::{Endpoint, GenRequest};
@@ -151,15 +152,21 @@ struct StreamState {
     ids: Vec<u32>,
     finished: bool,
     outcome: Outcome,
+    head: EnvelopeHead,
 }
 
 /// Append `body` to `out` as one SSE event, serialized in place (no copy of the JSON).
-fn sse(out: &mut Vec<u8>, body: &output::Body<'_>) {
+fn sse(out: &mut Vec<u8>, body: &output::Body<'_>, head: &mut EnvelopeHead) {
     let start = out.len();
     out.extend_from_slice(b"data: ");
+    let written = match body {
+        output::Body::Completion(e) => e.write_json(out, head),
+        output::Body::ChatChunk(e) => e.write_json(out, head),
+        output::Body::Chat(_) => serde_json::to_writer(&mut *out, body),
+    };
     // Serializing these typed bodies cannot fail (string keys, no maps of non-strings);
     // were it to, the event is left out whole.
-    if serde_json::to_writer(&mut *out, body).is_err() {
+    if written.is_err() {
         out.truncate(start);
         return;
     }
@@ -184,6 +191,7 @@ fn stream_response(
         ids: Vec::new(),
         finished: false,
         outcome,
+        head: EnvelopeHead::default(),
     };
     let body = futures_util::stream::unfold(state, |mut s| async move {
         if s.finished {
@@ -193,7 +201,7 @@ fn stream_response(
         let mut out: Vec<u8> = Vec::with_capacity(512);
         if s.first_chunk && s.shape.endpoint == Endpoint::Chat {
             let role = s.shape.chunk("", Parsed::default(), None, None, true);
-            sse(&mut out, &role);
+            sse(&mut out, &role, &mut s.head);
             s.first_chunk = false;
         }
         let ev = match s.pending.take() {
@@ -223,7 +231,7 @@ fn stream_response(
                         calls: calls.as_ref(),
                     };
                     let chunk = s.shape.chunk(&text, parsed, lp, None, s.first_chunk);
-                    sse(&mut out, &chunk);
+                    sse(&mut out, &chunk, &mut s.head);
                     s.first_chunk = false;
                 }
                 s.outcome.tokens(tokens.len() as u64);
@@ -245,12 +253,12 @@ fn stream_response(
                 let chunk = s
                     .shape
                     .chunk(&text, parsed, lp, Some(&finish), s.first_chunk);
-                sse(&mut out, &chunk);
+                sse(&mut out, &chunk, &mut s.head);
                 s.outcome.tokens(tokens.len() as u64);
                 if s.include_usage {
                     let counted = split.as_ref().and_then(|p| p.counted);
                     let thought = s.shape.reasoning_tokens(s.ids.iter().copied(), counted);
-                    sse(&mut out, &s.shape.usage_chunk(&stats, thought));
+                    sse(&mut out, &s.shape.usage_chunk(&stats, thought), &mut s.head);
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
                 s.outcome.complete();

@@ -35,7 +35,8 @@ impl Call {
             "/v1/completions" if body.get("stream") == Some(&Value::Bool(true)) => Call::Stream,
             "/v1/completions"
                 if body.get("max_tokens") == Some(&json!(1))
-                    && body.get("return_tokens_as_token_ids") == Some(&Value::Bool(true)) =>
+                    && (body.get("return_tokens_as_token_ids") == Some(&Value::Bool(true))
+                        || body.get("return_token_ids") == Some(&Value::Bool(true))) =>
             {
                 Call::Verify
             }

@@ -23,6 +23,10 @@ pub struct ServeArgs {
     /// that only the oracle drafter predicts.
     #[arg(long, value_parser = probability)]
     pub quote: Option<f64>,
+    /// The vLLM version `/version` reports (from 0.10.2 on, specd asks for
+    /// `return_token_ids` instead of logprobs to read sampled ids).
+    #[arg(long, env = "SPECD_SIM_VLLM_VERSION", default_value = super::upstream::DEFAULT_VERSION)]
+    pub vllm_version: String,
     #[command(flatten)]
     pub cost: SimConfig,
 }
@@ -47,6 +51,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<(SocketAddr, tokio::task::
         tls: None,
     })
     .await?;
+    up.set_version(&args.vllm_version);
     Ok((up.addr, up.detach()))
 }
 

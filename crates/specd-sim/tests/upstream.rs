@@ -198,3 +198,53 @@ async fn chat_answers_continue_the_rendered_prompt() {
         text["choices"][0]["text"].as_str()
     );
 }
+
+#[tokio::test]
+async fn a_newer_version_answers_return_token_ids_as_vllm_does() {
+    let up = start(Tokens::Cyclic, Timing::Immediate).await;
+    let version = || async {
+        let r = reqwest::get(format!("{}/version", up.url))
+            .await
+            .expect("version");
+        r.json::<Value>().await.expect("json")["version"].clone()
+    };
+    assert_eq!(version().await, json!(specd_sim::upstream::DEFAULT_VERSION));
+    up.set_version("0.32.0");
+    assert_eq!(version().await, json!("0.32.0"));
+
+    let p = [300, 301, 302];
+    let want = Tokens::Cyclic.continuation(&p, 3);
+    // A verify-shaped call: the prompt's and the sampled ids in the choice, no logprobs.
+    let body = json!({"prompt": [p], "max_tokens": 1, "return_token_ids": true});
+    let (s, t) = post(&up, body).await.expect("answer");
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v.pointer("/choices/0/prompt_token_ids"), Some(&json!(p)));
+    assert_eq!(v.pointer("/choices/0/token_ids"), Some(&json!(want[..1])));
+    assert_eq!(v.pointer("/choices/0/logprobs"), Some(&Value::Null));
+    assert_eq!(up.calls(Call::Verify), 1);
+
+    // Streamed: each chunk its token's id, the first one also the prompt's.
+    let body = json!({"prompt": p, "max_tokens": 3, "stream": true, "return_token_ids": true});
+    let (_, t) = post(&up, body).await.expect("stream");
+    let chunks: Vec<Value> = t
+        .split("\n\n")
+        .filter_map(|e| serde_json::from_str(e.strip_prefix("data: ")?).ok())
+        .collect();
+    let prompts: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c.pointer("/choices/0/prompt_token_ids"))
+        .collect();
+    assert_eq!(prompts, [&json!(p), &Value::Null, &Value::Null]);
+    let got: Vec<u32> = chunks
+        .iter()
+        .filter_map(|c| {
+            c.pointer("/choices/0/token_ids")?
+                .as_array()?
+                .first()?
+                .as_u64()
+        })
+        .map(|t| t as u32)
+        .collect();
+    assert_eq!(got, want);
+}

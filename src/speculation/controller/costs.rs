@@ -385,6 +385,18 @@ impl CostModel {
         .unwrap_or(0.0)
     }
 
+    /// T_dec at `load` streams alone, as [`Self::costs`] finds it: the question a relayed
+    /// token asks (the full table, with its verify costs and staleness, was a tenth of a
+    /// relayed token's CPU).
+    pub(super) fn decode_cost(&self, load: usize) -> Option<f64> {
+        let g = self.levels.lock().ok()?;
+        let dl = level_of(load);
+        (0..LEVELS)
+            .filter(|&i| g[i].dec.n > 0)
+            .min_by_key(|&i| (i as isize - dl as isize).unsigned_abs())
+            .map(|i| g[i].dec_cost())
+    }
+
     /// Costs: T_dec and relay restart at `load` streams, T_ver(k) with `spec` streams
     /// speculating at once (k = 0..=kmax), and whether they are stale.
     pub(super) fn costs(&self, load: usize, spec: usize, kmax: usize, now: Instant) -> Costs {

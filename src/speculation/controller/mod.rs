@@ -341,7 +341,7 @@ impl Controller {
 
     /// T_dec as decisions use it at `load` streams (None until measured).
     pub fn decode_cost_estimate(&self, load: usize) -> Option<f64> {
-        self.costs.costs(load, 1, 0, self.now()).dec
+        self.costs.decode_cost(load)
     }
 
     /// T_ver(k) as decisions use it with `spec` streams speculating (None until measured).

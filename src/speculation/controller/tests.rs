@@ -496,3 +496,20 @@ fn a_round_that_wins_by_far_defers_the_first_decode_probe() {
         Decision::Relay { probe: true }
     );
 }
+
+#[test]
+fn the_decode_cost_alone_is_the_one_the_full_cost_table_holds() {
+    let c = ctl();
+    let now = Instant::now();
+    for load in [1, 3, 16, 64] {
+        assert_eq!(c.costs.decode_cost(load), None);
+    }
+    c.record_decode(4, 0.0125);
+    c.record_verify(4, 1, ms(30.0));
+    c.record_decode(32, 0.0151);
+    for load in [1, 2, 4, 8, 16, 24, 32, 64, 200] {
+        let whole = c.costs.costs(load, 1, 4, now).dec;
+        assert_eq!(c.costs.decode_cost(load), whole, "at {load} streams");
+        assert!(whole.is_some());
+    }
+}

@@ -37,6 +37,7 @@ async fn start_sim(
         tokenizer: tokenizer.to_path_buf(),
         model: "specd-sim".into(),
         quote,
+        vllm_version: specd_sim::upstream::DEFAULT_VERSION.into(),
         cost: a.cost.clone(),
     })
     .await?;

@@ -70,7 +70,10 @@ pub(super) async fn handle(st: Arc<St>, req: Request<hyper::body::Incoming>) -> 
     }
     match path.as_str() {
         "/health" => StatusCode::OK.into_response(),
-        "/version" => Json(json!({"version": "0.0.0+specd-sim"})).into_response(),
+        "/version" => {
+            let v = st.version.lock().map(|v| v.clone()).unwrap_or_default();
+            Json(json!({"version": v})).into_response()
+        }
         "/v1/models" => models(&st),
         "/metrics" => metrics(&st),
         "/tokenize" => tokenize(&st, &body),

@@ -70,6 +70,9 @@ struct Shape {
     /// Chat-shaped (`message` / `delta`) rather than `text`.
     chat: bool,
     as_ids: bool,
+    /// `return_token_ids`: each choice carries its `token_ids`, and the first one the
+    /// prompt's (`prompt_token_ids`), as vLLM ≥ 0.10.2 answers.
+    token_ids: bool,
     /// `Some(n)`: logprobs wanted, with n top entries.
     n_top: Option<usize>,
     usage: bool,
@@ -106,20 +109,32 @@ impl Shape {
                "text_offset": vec![0; toks.len()]})
     }
 
-    fn choice(&self, st: &St, index: usize, toks: &[u32], finish: Option<&str>) -> Value {
+    /// A completion choice; `prompt` is the prompt's ids where the choice reports them.
+    fn choice(
+        &self,
+        st: &St,
+        index: usize,
+        (prompt, toks): (Option<&[u32]>, &[u32]),
+        finish: Option<&str>,
+    ) -> Value {
         let text = st.tok.decode(toks, true).unwrap_or_default();
         if self.chat {
             return json!({"index": index, "message": {"role": "assistant", "content": text},
                           "logprobs": null, "finish_reason": finish, "stop_reason": null});
         }
-        json!({"index": index, "text": text,
-               "logprobs": self.logprobs(st, toks), "finish_reason": finish, "stop_reason": null})
+        let mut c = json!({"index": index, "text": text,
+               "logprobs": self.logprobs(st, toks), "finish_reason": finish, "stop_reason": null});
+        if self.token_ids {
+            c["prompt_token_ids"] = json!(prompt);
+            c["token_ids"] = json!(toks);
+        }
+        c
     }
 
-    /// One streamed token's choice.
-    fn delta(&self, st: &St, t: u32, finish: Option<&str>) -> Value {
+    /// One streamed token's choice; `prompt` in the first one.
+    fn delta(&self, st: &St, prompt: Option<&[u32]>, t: u32, finish: Option<&str>) -> Value {
         if !self.chat {
-            return self.choice(st, 0, &[t], finish);
+            return self.choice(st, 0, (prompt, &[t]), finish);
         }
         let text = st.tok.decode(&[t], true).unwrap_or_default();
         json!({"index": 0, "delta": {"content": text}, "logprobs": null,
@@ -173,6 +188,7 @@ pub(super) async fn answer(
             .to_string(),
         chat: body.get("messages").is_some(),
         as_ids: body.get("return_tokens_as_token_ids") == Some(&Value::Bool(true)),
+        token_ids: body.get("return_token_ids") == Some(&Value::Bool(true)),
         n_top: body
             .get("logprobs")
             .and_then(Value::as_u64)
@@ -184,6 +200,7 @@ pub(super) async fn answer(
         if ps.len() != 1 {
             return error(400, "streaming takes one prompt");
         }
+        let prompt = shape.token_ids.then(|| ps[0].clone());
         let Some(source) = Source::start(&st, ps, max_tokens) else {
             return error(503, "engine stopped");
         };
@@ -191,6 +208,7 @@ pub(super) async fn answer(
             st,
             shape,
             source,
+            prompt,
             n: 0,
             max_tokens,
             prompt_tokens,
@@ -200,11 +218,19 @@ pub(super) async fn answer(
         };
         return stream(s);
     }
+    let prompt_ids = if shape.token_ids {
+        ps.clone()
+    } else {
+        Vec::new()
+    };
     let Some(outs) = generate(&st, ps, max_tokens).await else {
         return error(503, "engine stopped");
     };
     let choices: Vec<Value> = (outs.iter().enumerate())
-        .map(|(i, toks)| shape.choice(&st, i, toks, Some("length")))
+        .map(|(i, toks)| {
+            let p = prompt_ids.get(i).map(Vec::as_slice);
+            shape.choice(&st, i, (p, toks), Some("length"))
+        })
         .collect();
     let completion: usize = outs.iter().map(Vec::len).sum();
     let v = shape.chunk(
@@ -289,6 +315,8 @@ struct Streamed {
     st: Arc<St>,
     shape: Shape,
     source: Source,
+    /// The prompt's ids, until the first chunk reports them (`return_token_ids`).
+    prompt: Option<Vec<u32>>,
     n: usize,
     max_tokens: usize,
     prompt_tokens: usize,
@@ -333,7 +361,8 @@ async fn step(mut s: Streamed) -> Option<(Result<Bytes, std::io::Error>, Streame
     };
     s.n += 1;
     let finish = (s.n >= s.max_tokens).then_some("length");
-    let choice = s.shape.delta(&s.st, t, finish);
+    let prompt = s.prompt.take();
+    let choice = s.shape.delta(&s.st, prompt.as_deref(), t, finish);
     let chunk = sse(&s.shape.chunk(json!([choice]), None, true));
     Some((Ok(chunk), s))
 }

@@ -28,6 +28,10 @@ mod chat;
 mod completions;
 mod reply;
 
+/// What `/version` reports unless set: older than any vLLM, so specd reads sampled ids
+/// from logprobs, the way that works on every version.
+pub const DEFAULT_VERSION: &str = "0.0.0+specd-sim";
+
 /// When tokens come out.
 #[derive(Debug, Clone)]
 pub enum Timing {
@@ -75,6 +79,9 @@ pub(crate) struct St {
     pub(crate) clock: Clock,
     pub(crate) max_model_len: AtomicUsize,
     pub(crate) token_delay_us: AtomicUsize,
+    /// What `/version` reports: from 0.10.2 on, specd reads sampled ids from
+    /// `return_token_ids` rather than from logprobs.
+    pub(crate) version: Mutex<String>,
     /// `/v1/completions` requests being answered now.
     pub(crate) in_flight: AtomicUsize,
     pub(crate) rules: Rules,
@@ -129,6 +136,7 @@ impl Upstream {
             clock,
             max_model_len: AtomicUsize::new(o.max_model_len),
             token_delay_us: AtomicUsize::new(0),
+            version: Mutex::new(DEFAULT_VERSION.to_string()),
             in_flight: AtomicUsize::new(0),
             rules: Rules::default(),
             calls: Default::default(),
@@ -209,6 +217,13 @@ impl Upstream {
         self.st
             .token_delay_us
             .store(d.as_micros() as usize, Ordering::SeqCst);
+    }
+
+    /// The vLLM version `/version` reports.
+    pub fn set_version(&self, v: &str) {
+        if let Ok(mut g) = self.st.version.lock() {
+            *g = v.to_string();
+        }
     }
 
     pub fn set_max_model_len(&self, n: usize) {
