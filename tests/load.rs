@@ -307,13 +307,23 @@ async fn load_512_streams_through_specd_to_vllm() {
     )
     .await;
     let via_s = t.elapsed();
+    // A stream that failed through specd: what specd counted of the upstream's errors
+    // (connect, timeout, protocol, status) says where.
+    let failed: Vec<(usize, u16)> = (via.iter().enumerate())
+        .filter(|(_, (s, _, done))| *s != 200 || !*done)
+        .map(|(i, (s, _, _))| (i, *s))
+        .collect();
+    if !failed.is_empty() {
+        let m = specd.metrics().await;
+        let errors: Vec<&str> = (m.lines())
+            .filter(|l| l.starts_with("specd_upstream_errors_total"))
+            .collect();
+        panic!("streams failed through specd (index, status): {failed:?}; {errors:?}");
+    }
     let mut differ = Vec::new();
     for (i, ((ds, de, dd), (vs, ve, vd))) in direct.iter().zip(&via).enumerate() {
         assert!(*ds == 200 && *dd, "direct {i}");
-        assert!(
-            *vs == 200 && *vd,
-            "specd {i}: status {vs}, [DONE] {vd}: {ve:?}"
-        );
+        assert!(*vs == 200 && *vd, "specd {i}: {ve:?}");
         let (a, b) = (stream_token_ids(de), stream_token_ids(ve));
         assert_eq!(
             b.len(),
