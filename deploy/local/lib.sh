@@ -52,6 +52,9 @@ scrape_configs:
       - targets: ['$target']
 EOF
     promtool check config "$dir/prometheus.yml" >&2 || die "bad Prometheus config $dir/prometheus.yml"
+    # The log exists before the loop below reads it: the background job opens it only
+    # once it runs, and on a busy machine `sed` got there first (exit 2 under set -e).
+    : >"$dir/prometheus.log"
     prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
         --storage.tsdb.retention.time=1d --web.listen-address=127.0.0.1:0 \
         --web.enable-lifecycle </dev/null >"$dir/prometheus.log" 2>&1 &

@@ -82,6 +82,8 @@ if [[ ! -x $BIN ]]; then
     (cd "$ROOT" && cargo build --release --locked --bin specd) >&2
 fi
 log "starting specd in front of $UPSTREAM"
+# Created here, not by the background job, so the loop below never reads a missing file.
+: >"$STATE/specd.log"
 "$BIN" serve --upstream "$UPSTREAM" --listen 127.0.0.1:0 "${EXTRA[@]}" \
     </dev/null >"$STATE/specd.log" 2>&1 &
 SPECD_PID=$!
