@@ -139,6 +139,18 @@ impl Level {
     }
 }
 
+/// The level nearest `me` that `has` what is asked.
+fn nearest_level(g: &[Level], me: usize, has: impl Fn(&Level) -> bool) -> Option<usize> {
+    (0..g.len())
+        .filter(|&i| has(&g[i]))
+        .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
+}
+
+/// T_dec from the level nearest `level` that measured it.
+fn decode_cost_at(g: &[Level], level: usize) -> Option<f64> {
+    nearest_level(g, level, |l| l.dec.n > 0).map(|i| g[i].dec_cost())
+}
+
 pub(super) fn level_of(load: usize) -> usize {
     let n = load.max(1);
     ((usize::BITS - (n - 1).leading_zeros()) as usize).min(LEVELS - 1)
@@ -390,11 +402,7 @@ impl CostModel {
     /// relayed token's CPU).
     pub(super) fn decode_cost(&self, load: usize) -> Option<f64> {
         let g = self.levels.lock().ok()?;
-        let dl = level_of(load);
-        (0..LEVELS)
-            .filter(|&i| g[i].dec.n > 0)
-            .min_by_key(|&i| (i as isize - dl as isize).unsigned_abs())
-            .map(|i| g[i].dec_cost())
+        decode_cost_at(&g[..], level_of(load))
     }
 
     /// Costs: T_dec and relay restart at `load` streams, T_ver(k) with `spec` streams
@@ -403,15 +411,10 @@ impl CostModel {
         let Ok(g) = self.levels.lock() else {
             return Costs::default();
         };
-        let nearest = |me: usize, has: &dyn Fn(&Level) -> bool| {
-            (0..LEVELS)
-                .filter(|&i| has(&g[i]))
-                .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
-        };
         let (dl, vl) = (level_of(load), level_of(spec));
-        let dec = nearest(dl, &|l: &Level| l.dec.n > 0).map(|i| g[i].dec_cost());
-        let restart = nearest(dl, &|l: &Level| l.restart.n > 0).map(|i| g[i].restart.v);
-        let ver_at = nearest(vl, &|l: &Level| l.has_ver());
+        let dec = decode_cost_at(&g[..], dl);
+        let restart = nearest_level(&g[..], dl, |l| l.restart.n > 0).map(|i| g[i].restart.v);
+        let ver_at = nearest_level(&g[..], vl, Level::has_ver);
         let ver = (0..=kmax)
             .map(|k| ver_at.and_then(|i| g[i].ver_at(k)))
             .collect();
