@@ -289,17 +289,9 @@ async fn client_disconnects_abort_the_upstream_requests() {
         // What vLLM and specd report then tells a gauge that stopped from requests
         // that ended or never started.
         let m = upstream_metrics(&specd).await;
-        let gauges: Vec<&str> = (m.lines())
-            .filter(|l| {
-                l.starts_with("vllm:num_requests_") || l.starts_with("vllm:request_success")
-            })
-            .collect();
+        let gauges = metric_lines(&m, &["vllm:num_requests_", "vllm:request_success"]);
         let s = specd.metrics().await;
-        let streams: Vec<&str> = (s.lines())
-            .filter(|l| {
-                l.starts_with("specd_active_streams") || l.starts_with("specd_upstream_errors")
-            })
-            .collect();
+        let streams = metric_lines(&s, &["specd_active_streams", "specd_upstream_errors"]);
         panic!(
             "vLLM runs the relay and passthrough requests: {gauges:?}; specd: {streams:?}; \
              first events {firsts:?}"

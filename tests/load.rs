@@ -315,9 +315,7 @@ async fn load_512_streams_through_specd_to_vllm() {
         .collect();
     if !failed.is_empty() {
         let m = specd.metrics().await;
-        let errors: Vec<&str> = (m.lines())
-            .filter(|l| l.starts_with("specd_upstream_errors_total"))
-            .collect();
+        let errors = metric_lines(&m, &["specd_upstream_errors_total"]);
         panic!("streams failed through specd (index, status): {failed:?}; {errors:?}");
     }
     let mut differ = Vec::new();

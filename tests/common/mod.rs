@@ -298,6 +298,13 @@ pub fn metric_sum(text: &str, selector: &str) -> f64 {
     samples(text, selector).sum()
 }
 
+/// The sample lines whose metric name starts with one of `prefixes` (failure messages).
+pub fn metric_lines<'a>(text: &'a str, prefixes: &[&str]) -> Vec<&'a str> {
+    (text.lines())
+        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        .collect()
+}
+
 /// The largest sample matching `selector`, 0 when none does.
 pub fn metric_max(text: &str, selector: &str) -> f64 {
     samples(text, selector).fold(0.0, f64::max)

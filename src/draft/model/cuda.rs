@@ -35,9 +35,6 @@ use crate::draft::DraftError;
 const BUCKETS: [usize; 10] = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64];
 /// Decode steps one graph may chain (`SPECD_DRAFT_CHAIN` lowers it; 1 turns chaining off).
 const MAX_CHAIN: usize = 8;
-/// Fewest keys per attention split of a one-token step (two chunks of the kernel's 128
-/// threads: `MIN_SPLIT` in kernels.cu).
-const ATT_MIN_SPLIT: i32 = 256;
 /// Blocks per row of the two-pass greedy sampling.
 const ARGMAX_BLOCKS: usize = 64;
 
@@ -210,6 +207,11 @@ pub struct CudaEngine {
     /// Launch with programmatic dependent launch: a kernel's blocks are scheduled while
     /// the one before it finishes, and wait for it on the device (`pdl_enter`).
     pdl: bool,
+    /// Threads of an attention block: keys it scores at once (`tune::att_threads`).
+    att_threads: u32,
+    /// Fewest keys per attention split: two chunks of `att_threads` (`MIN_SPLIT` in
+    /// kernels.cu).
+    att_min_split: i32,
     /// Fewest keys per attention split in decode steps of several streams
     /// (`SPECD_DRAFT_ATT_SPLIT` overrides).
     att_split: i32,
@@ -253,8 +255,8 @@ mod exec;
 mod io;
 mod tune;
 use tune::{
-    att_prefetch, kernel_source, tc_max_streams, GemvTune, Role, TcRole, TcTune, ROLE_KERNELS,
-    TC_KERNELS, TC_TILES,
+    att_prefetch, att_threads, kernel_source, tc_max_streams, GemvTune, Role, TcRole, TcTune,
+    ROLE_KERNELS, TC_KERNELS, TC_TILES,
 };
 
 impl CudaEngine {
@@ -298,10 +300,11 @@ impl CudaEngine {
         }
         let tune = GemvTune::new(c);
         let tc_tune = TcTune::from_env();
+        let att_threads = att_threads(nh / nkv, d);
         let defs = format!(
             "#define HIDDEN {h}\n#define NH {nh}\n#define NKV {nkv}\n#define HD {d}\n#define GROUP {}\n\
              #define INTER {inter}\n#define MAX_LEN {}\n#define EPS {:e}f\n#define QK_NORM {}\n#define DT_BF16 {}\n\
-             #define PDL {}\n#define ATT_PREFETCH {}\n{}",
+             #define PDL {}\n#define ATT_PREFETCH {}\n#define ATT_THREADS {att_threads}\n{}",
             nh / nkv,
             l.max_len,
             c.rms_norm_eps,
@@ -508,10 +511,12 @@ impl CudaEngine {
             tc_max,
             tc_tune,
             ss,
+            att_threads,
+            att_min_split: 2 * att_threads as i32,
             att_split: std::env::var("SPECD_DRAFT_ATT_SPLIT")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(ATT_MIN_SPLIT)
+                .unwrap_or(2 * att_threads as i32)
                 .max(1),
             pdl,
             sms,

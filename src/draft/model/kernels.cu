@@ -238,7 +238,10 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
     }
 }
 
-#define ATT_THREADS 128
+// Keys a block scores at once: 256 unless the engine defines 128 (tune.rs att_threads).
+#ifndef ATT_THREADS
+#define ATT_THREADS 256
+#endif
 // Value phase: VT threads cover a value row, 8 dims (16 bytes) each; KG key groups.
 #define VT (HD / 8)
 #define KG (ATT_THREADS / VT)

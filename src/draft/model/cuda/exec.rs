@@ -4,10 +4,7 @@ use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
-use super::{
-    derr, splits_for, CudaEngine, Input, Role, StepIo, TcRole, ARGMAX_BLOCKS, ATT_MIN_SPLIT,
-    TC_TILES,
-};
+use super::{derr, splits_for, CudaEngine, Input, Role, StepIo, TcRole, ARGMAX_BLOCKS, TC_TILES};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
@@ -129,8 +126,8 @@ impl CudaEngine {
                     (kc, vc),
                 )?;
             }
-            launch!(self, &self.k.attn, (1, nkv as u32, splits as u32), 128;
-                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32, ATT_MIN_SPLIT)?;
+            launch!(self, &self.k.attn, (1, nkv as u32, splits as u32), self.att_threads;
+                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32, self.att_min_split)?;
             self.gemv(Role::O, l.o, a.attn.p, 0, a.x.p, h, true, 0, (0, 0))?;
             self.gemv(
                 Role::GateUp,
@@ -249,7 +246,7 @@ impl CudaEngine {
                     (l.qkv_bias, kc, vc),
                 )?;
             }
-            launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
+            launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), self.att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, self.att_split)?;
             self.tc_proj(
                 TcRole::O,
@@ -447,9 +444,9 @@ impl CudaEngine {
             let min_split = if decode == 1 {
                 self.att_split
             } else {
-                ATT_MIN_SPLIT
+                self.att_min_split
             };
-            launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), 128;
+            launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), self.att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, min_split)?;
             self.proj(
                 l.o,
