@@ -209,9 +209,6 @@ pub struct CudaEngine {
     pdl: bool,
     /// Threads of an attention block: keys it scores at once (`tune::att_threads`).
     att_threads: u32,
-    /// Fewest keys per attention split: two chunks of `att_threads` (`MIN_SPLIT` in
-    /// kernels.cu).
-    att_min_split: i32,
     /// Fewest keys per attention split in decode steps of several streams
     /// (`SPECD_DRAFT_ATT_SPLIT` overrides).
     att_split: i32,
@@ -255,8 +252,8 @@ mod exec;
 mod io;
 mod tune;
 use tune::{
-    att_prefetch, att_threads, kernel_source, tc_max_streams, GemvTune, Role, TcRole, TcTune,
-    ROLE_KERNELS, TC_KERNELS, TC_TILES,
+    att_min_split, att_prefetch, att_shared_bytes, att_threads, kernel_source, tc_max_streams,
+    GemvTune, Role, TcRole, TcTune, ATT_SHARED_MAX, ROLE_KERNELS, TC_KERNELS, TC_TILES,
 };
 
 impl CudaEngine {
@@ -290,9 +287,8 @@ impl CudaEngine {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(derr)?
             .max(1) as usize;
-        // Static shared memory of the attention kernel (queries, scores, per-warp sums).
         let group = nh / nkv;
-        if group * d * 20 + group * 512 > 46 * 1024 {
+        if att_shared_bytes(group, d, 128) > ATT_SHARED_MAX {
             return Err(DraftError::Model(format!(
                 "the CUDA engine does not support {group} query heads per key/value head of \
                  dimension {d}; use f32 for the candle forward"
@@ -300,7 +296,7 @@ impl CudaEngine {
         }
         let tune = GemvTune::new(c);
         let tc_tune = TcTune::from_env();
-        let att_threads = att_threads(nh / nkv, d);
+        let att_threads = att_threads(group, d);
         let defs = format!(
             "#define HIDDEN {h}\n#define NH {nh}\n#define NKV {nkv}\n#define HD {d}\n#define GROUP {}\n\
              #define INTER {inter}\n#define MAX_LEN {}\n#define EPS {:e}f\n#define QK_NORM {}\n#define DT_BF16 {}\n\
@@ -512,11 +508,10 @@ impl CudaEngine {
             tc_tune,
             ss,
             att_threads,
-            att_min_split: 2 * att_threads as i32,
             att_split: std::env::var("SPECD_DRAFT_ATT_SPLIT")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(2 * att_threads as i32)
+                .unwrap_or(att_min_split(att_threads))
                 .max(1),
             pdl,
             sms,

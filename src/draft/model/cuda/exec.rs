@@ -4,7 +4,10 @@ use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
-use super::{derr, splits_for, CudaEngine, Input, Role, StepIo, TcRole, ARGMAX_BLOCKS, TC_TILES};
+use super::{
+    att_min_split, derr, splits_for, CudaEngine, Input, Role, StepIo, TcRole, ARGMAX_BLOCKS,
+    TC_TILES,
+};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
@@ -127,7 +130,7 @@ impl CudaEngine {
                 )?;
             }
             launch!(self, &self.k.attn, (1, nkv as u32, splits as u32), self.att_threads;
-                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32, self.att_min_split)?;
+                a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32, att_min_split(self.att_threads))?;
             self.gemv(Role::O, l.o, a.attn.p, 0, a.x.p, h, true, 0, (0, 0))?;
             self.gemv(
                 Role::GateUp,
@@ -444,7 +447,7 @@ impl CudaEngine {
             let min_split = if decode == 1 {
                 self.att_split
             } else {
-                self.att_min_split
+                att_min_split(self.att_threads)
             };
             launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), self.att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, min_split)?;

@@ -146,6 +146,21 @@ pub(super) fn att_prefetch(head_dim: usize) -> u32 {
         .map_or(default, |v: u32| if head_dim > 128 { 0 } else { v.min(2) })
 }
 
+/// Fewest keys per attention split: two chunks of `threads` keys (`MIN_SPLIT` in
+/// kernels.cu); a shorter split saves nothing and costs a merge.
+pub(super) fn att_min_split(threads: u32) -> i32 {
+    2 * threads as i32
+}
+
+/// Static shared memory the attention kernel may declare (48 KB, less its small scalars).
+pub(super) const ATT_SHARED_MAX: usize = 46 * 1024;
+
+/// Static shared memory of the attention kernel for a query group of `group` heads of
+/// `head_dim` and `threads` threads: the queries, the scores and the per-warp sums (f32).
+pub(super) fn att_shared_bytes(group: usize, head_dim: usize, threads: usize) -> usize {
+    4 * group * (head_dim * (threads / 32 + 1) + threads)
+}
+
 /// Threads of an attention block, the keys it scores at once (`SPECD_DRAFT_ATT_THREADS`:
 /// 128 or 256). With 256 a context of up to 256 keys takes one chunk instead of two, and
 /// one of up to 512 needs no split merge: 0.567 -> 0.526 ms per token at batch 1 and
@@ -154,8 +169,11 @@ pub(super) fn att_prefetch(head_dim: usize) -> u32 {
 /// memory for 256 would pass the 48 KB a kernel may declare (8 warps' partial sums of the
 /// whole query group: head_dim 256 with 8 query heads per key/value head).
 pub(super) fn att_threads(group: usize, head_dim: usize) -> u32 {
-    let shared = |threads: usize| 4 * group * (head_dim * (threads / 32 + 1) + threads);
-    let default = if shared(256) <= 46 * 1024 { 256 } else { 128 };
+    let default = if att_shared_bytes(group, head_dim, 256) <= ATT_SHARED_MAX {
+        256
+    } else {
+        128
+    };
     std::env::var("SPECD_DRAFT_ATT_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
