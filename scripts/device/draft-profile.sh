@@ -5,7 +5,8 @@
 # is what launches and the gaps between kernels cost. Measured on an NVIDIA H200.
 #
 # Usage: draft-profile.sh MODEL_DIR [BIN.gz]   (env: VARIANT="" or "SPECD_DRAFT_FUSED=1",
-#        STEPS=24 decode steps, BATCH=1 streams, OUT=dir for the CSV)
+#        STEPS=24 decode steps, BATCH=1 streams, OUT=dir for the CSV,
+#        NCU_ARGS="--cache-control none" to keep the caches between kernels, as in a step)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 MODEL="$1"
@@ -25,7 +26,7 @@ tag="${VARIANT:-default}-b$BATCH"
 tag="${tag//[^A-Za-z0-9]/_}"
 csv="$OUT/kernels-$tag.csv"
 # shellcheck disable=SC2086
-env ${VARIANT:-} "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+env ${VARIANT:-} "$NCU" ${NCU_ARGS:-} --clock-control none --metrics gpu__time_duration.sum --csv \
   --print-units base --log-file "$csv" \
   "$W/specd-bench" draft --model "$MODEL" --device cuda:0 --batch "$BATCH" --prompt-len 16 \
   --new-tokens "$STEPS" --repeat 1 >/dev/null 2>"$OUT/ncu-$tag.err"

@@ -153,37 +153,50 @@ impl CheckReport {
 }
 
 /// Compare the drafter with the reference: all cases at once on separate streams (one
-/// mixed batch), then one after another on a single stream, so each case starts from a
-/// cache holding a different context (rollback), then the first case again.
-pub async fn check_reference(d: &ModelDrafter, cases: &[RefCase], tol: Tolerance) -> CheckReport {
+/// mixed batch; each case on `copies` streams, so that a batch as large as the timed ones
+/// takes the same kernels), then one after another on a single stream, so each case
+/// starts from a cache holding a different context (rollback), then the first case again.
+pub async fn check_reference(
+    d: &ModelDrafter,
+    cases: &[RefCase],
+    tol: Tolerance,
+    copies: usize,
+) -> CheckReport {
     let mut r = CheckReport::default();
-    let props = join_all(cases.iter().enumerate().map(|(i, c)| {
+    let batch: Vec<(u64, &RefCase)> = (0..copies.max(1) * cases.len())
+        .map(|n| (1000 + n as u64, &cases[n % cases.len()]))
+        .collect();
+    let props = join_all(batch.iter().map(|&(stream, c)| {
         d.propose(DraftRequest {
-            stream: 1000 + i as u64,
+            stream,
             context: c.context.clone().into(),
             prompt_len: c.context.len(),
             max_k: c.greedy.len(),
         })
     }))
     .await;
-    for (i, (p, c)) in props.into_iter().zip(cases).enumerate() {
+    for (n, (p, (_, c))) in props.into_iter().zip(&batch).enumerate() {
+        let what = format!("batched case {} (stream {n})", n % cases.len());
         match p {
-            Ok(p) => r.greedy(&format!("batched case {i}"), &p.tokens, c, tol),
-            Err(e) => r.failures.push(format!("batched case {i}: {e}")),
+            Ok(p) => r.greedy(&what, &p.tokens, c, tol),
+            Err(e) => r.failures.push(format!("{what}: {e}")),
         }
     }
     let logits = join_all(
-        cases
+        batch
             .iter()
-            .enumerate()
-            .map(|(i, c)| d.logits(1000 + i as u64, c.context.clone())),
+            .map(|&(stream, c)| d.logits(stream, c.context.clone())),
     )
     .await;
-    for (i, (l, c)) in logits.into_iter().zip(cases).enumerate() {
+    for (n, (l, (_, c))) in logits.into_iter().zip(&batch).enumerate() {
+        let what = format!("batched case {} (stream {n})", n % cases.len());
         match l {
-            Ok(l) => r.logits(&format!("batched case {i}"), &l, &c.logits, tol),
-            Err(e) => r.failures.push(format!("batched case {i}: {e}")),
+            Ok(l) => r.logits(&what, &l, &c.logits, tol),
+            Err(e) => r.failures.push(format!("{what}: {e}")),
         }
+    }
+    for &(stream, _) in &batch {
+        d.finish(stream);
     }
     let order: Vec<usize> = (0..cases.len()).chain(std::iter::once(0)).collect();
     for (n, &i) in order.iter().enumerate() {
@@ -277,7 +290,9 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.reference {
         let cases = load_reference(path).map_err(anyhow::Error::msg)?;
         let dtype = DraftDtype::resolve(dtype, device);
-        let r = check_reference(&d, &cases, Tolerance::for_dtype(dtype)).await;
+        // As many streams as the largest timed batch: the check covers its kernels.
+        let copies = (max_batch / cases.len().max(1)).max(1);
+        let r = check_reference(&d, &cases, Tolerance::for_dtype(dtype), copies).await;
         println!(
             "check: {} logit comparisons, max relative error {:.2e}; greedy {}/{} tokens \
              matched, {} near ties; {}",

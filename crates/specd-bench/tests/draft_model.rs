@@ -50,7 +50,7 @@ fn run_script(py: &Path, args: &[&str]) {
 async fn check(dir: &Path, reference: &Path) {
     let cases = load_reference(reference).unwrap();
     let d = ModelDrafter::load(dir, "cpu", None).unwrap();
-    let r = check_reference(&d, &cases, Tolerance::for_dtype(candle_core::DType::F32)).await;
+    let r = check_reference(&d, &cases, Tolerance::for_dtype(candle_core::DType::F32), 1).await;
     println!(
         "{}: {} logit checks, max rel err {:.2e}, greedy {}/{} matched, {} near ties",
         dir.display(),

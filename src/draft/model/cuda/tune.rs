@@ -220,11 +220,13 @@ pub(super) struct TcTune([(usize, usize, usize); 5]);
 
 impl TcTune {
     pub(super) fn from_env() -> Self {
-        // gate/up with two tiles a warp, the output projection with four (one and two
-        // before): ms per step at 8 / 32 streams, each alone, 0.950 / 1.487 -> 0.962 /
-        // 1.373 and 0.934 / 1.437 on the Qwen2.5-0.5B shape, 2.004 / 3.466 -> 1.915 /
-        // 3.058 and 1.995 / 3.320 on the 1.5B shape (measured on an NVIDIA H200).
-        let mut t = Self([(1, 8, 1), (1, 8, 1), (2, 4, 2), (1, 16, 1), (4, 2, 2)]);
+        // The output projection with four tiles a warp: ms per step at 8 / 32 streams
+        // 0.950 / 1.487 -> 0.934 / 1.437 on the Qwen2.5-0.5B shape, 2.004 / 3.466 ->
+        // 1.995 / 3.320 on the 1.5B shape. gate/up with one tile over eight warps, so that
+        // a warp's weights fit in registers before its wait (mma.cu's TC_ALLW; two tiles
+        // over four warps before): 0.809 -> 0.765 ms per step at 16 streams on the 0.5B
+        // shape, 1.868 -> 1.717 on the 1.5B shape (measured on an NVIDIA H200).
+        let mut t = Self([(1, 8, 1), (1, 8, 1), (1, 8, 1), (1, 16, 1), (4, 2, 2)]);
         // SPECD_DRAFT_TC_TUNE="down=1x8x2,lm=2x1x8" overrides them.
         if let Ok(v) = std::env::var("SPECD_DRAFT_TC_TUNE") {
             for item in v.split(',') {
