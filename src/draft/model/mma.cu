@@ -6,8 +6,8 @@
 //
 // A warp owns RT tiles of 8 output units for TT tiles of 16 tokens over every S-th k
 // block; S warps of a unit sum in shared memory, RG unit groups a block. The first
-// k blocks' weights are loaded before waiting for the predecessor (programmatic
-// dependent launch). MODE 1 computes RMSNorm(X) · nw on the fly from each token's sum
+// k blocks' weights (all of them where they fit, TC_ALLW) are loaded before waiting for
+// the predecessor (programmatic dependent launch). MODE 1 computes RMSNorm(X) · nw on the fly from each token's sum
 // of squares in ssr, which the kernel that wrote X left there (embed, or a projection
 // adding into the residual stream: OUT 0 with accumulate adds its outputs' squares into
 // ssw), so no block recomputes the norm of the whole input. ssz, when given, is zeroed:
