@@ -472,7 +472,7 @@ impl CudaEngine {
         }
         let fused = std::env::var("SPECD_DRAFT_FUSED").map_or(true, |v| v != "0");
         let tc_max = if [h, nh * d, inter].iter().all(|k| k % 32 == 0) {
-            tc_max_streams()
+            tc_max_streams(h)
         } else {
             0
         };

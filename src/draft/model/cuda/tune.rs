@@ -272,19 +272,21 @@ impl TcTune {
 
 /// Decode steps of 2 to this many streams run on the tensor-core kernels (`mma.cu`), larger
 /// ones on cuBLAS. `SPECD_DRAFT_TC=0` turns them off, `1` on up to 64 streams, `N` up to N.
-pub(super) fn tc_max_streams() -> usize {
+pub(super) fn tc_max_streams(hidden: usize) -> usize {
     match std::env::var("SPECD_DRAFT_TC")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
         Some(1) => 64,
         Some(n) => n.min(64),
-        None => TC_MAX_STREAMS,
+        None if hidden <= TC_TWO_TILES_MAX_HIDDEN => 32,
+        None => 16,
     }
 }
 
-/// Up to 16 streams the tensor-core step is faster than cuBLAS's on both Qwen2.5 shapes
-/// (0.5B: 1.027 against 1.216 ms at 16; 1.5B: 1.951 against 1.997), at 32 slower (1.257
-/// against 1.180, 2.804 against 2.090): measured on an NVIDIA H200, docs/draft-model.md
-/// "The RMSNorm once per step".
-const TC_MAX_STREAMS: usize = 16;
+/// Up to 16 streams the tensor-core step is faster than cuBLAS's on both Qwen2.5 shapes; at
+/// 32 (two token tiles) on the 0.5B shape (hidden 896: 1.000 against 1.08-1.19 ms), not on
+/// the 1.5B shape (hidden 1536: 2.370 against 1.98-2.07): measured on an NVIDIA H200,
+/// docs/draft-model.md "The sums across warps and the epilogue on every warp". Widths in
+/// between are not measured; the limit is the power of two between.
+const TC_TWO_TILES_MAX_HIDDEN: usize = 1024;
