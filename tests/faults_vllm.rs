@@ -324,13 +324,7 @@ async fn disconnect_try(specd: &Specd) -> Disconnect {
     let both = wait_for(Duration::from_secs(15), || async { running().await >= 2.0 }).await;
     if !both {
         if ended_by_themselves(&mut readers[..2]).await {
-            drop(readers);
-            whole.abort();
-            let ok = wait_for(Duration::from_secs(20), || async {
-                metric_sum(&specd.metrics().await, "specd_active_streams") == 0.0
-            })
-            .await;
-            assert!(ok, "specd_active_streams returns to 0");
+            leave(specd, readers, whole).await;
             return Disconnect::EndedFirst;
         }
         // What vLLM and specd report then tells a gauge that stopped from requests
@@ -346,6 +340,17 @@ async fn disconnect_try(specd: &Specd) -> Disconnect {
     }
 
     let t = Instant::now();
+    leave(specd, readers, whole).await;
+    // Other tests may share this vLLM: wait for a quiet moment, well before our own
+    // requests could have finished by themselves.
+    let ok = wait_for(Duration::from_secs(15), || async { running().await == 0.0 }).await;
+    assert!(ok, "vLLM still runs requests after every client left");
+    Disconnect::Aborted(t.elapsed())
+}
+
+/// Every client leaves: the streams' connections close and the whole request is dropped;
+/// specd's streams end.
+async fn leave<T>(specd: &Specd, readers: Vec<SseReader>, whole: tokio::task::JoinHandle<T>) {
     drop(readers);
     whole.abort();
     let ok = wait_for(Duration::from_secs(20), || async {
@@ -353,11 +358,6 @@ async fn disconnect_try(specd: &Specd) -> Disconnect {
     })
     .await;
     assert!(ok, "specd_active_streams returns to 0");
-    // Other tests may share this vLLM: wait for a quiet moment, well before our own
-    // requests could have finished by themselves.
-    let ok = wait_for(Duration::from_secs(15), || async { running().await == 0.0 }).await;
-    assert!(ok, "vLLM still runs requests after every client left");
-    Disconnect::Aborted(t.elapsed())
 }
 
 /// Whether every stream has come to its end (`[DONE]`): one whose request still
