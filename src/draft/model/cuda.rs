@@ -455,7 +455,13 @@ impl CudaEngine {
                 &stream,
                 (max_rows_padded * ARGMAX_BLOCKS)
                     .max(tune.lm_blocks(c.vocab_size))
-                    .max(max_rows_padded * tc_tune.launch(TcRole::Lm, c.vocab_size).0 as usize)
+                    .max(
+                        max_rows_padded
+                            * (0..TC_TILES.len())
+                                .map(|t| tc_tune.launch(TcRole::Lm, c.vocab_size, t).0 as usize)
+                                .max()
+                                .unwrap_or(0),
+                    )
                     * 3,
             )?,
             cos: upload(&stream, &cos)?,

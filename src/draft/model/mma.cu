@@ -454,7 +454,7 @@ __device__ __forceinline__ void tc_impl(const u16* __restrict__ W, const u16* __
         const u16* W, const u16* X, const u16* nw, void* y, int O, int acc, int nt, float* aux,  \
         const float* ssr, float* ssw, float* ssz, const u16* bias, const float* cos_t,           \
         const float* sin_t, const int* pos, const int* slot, u16* kc, u16* vc) {                 \
-        tc_impl<K, MODE, TC_##ROLE##_RT, TC_##ROLE##_S, TC_##ROLE##_RG, TT, OUT>(                \
+        tc_impl<K, MODE, TC_##ROLE##_RT##TT, TC_##ROLE##_S##TT, TC_##ROLE##_RG##TT, TT, OUT>(    \
             W, X, nw, y, O, acc, nt, aux, ssr, ssw, ssz, bias, cos_t, sin_t, pos, slot, kc, vc); \
     }
 #define TC_ALL(NAME, K, MODE, ROLE, OUT) \

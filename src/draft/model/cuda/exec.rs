@@ -178,11 +178,8 @@ impl CudaEngine {
         ss: (u64, u64, u64),
         rope: (u64, u64, u64),
     ) -> Result<(), DraftError> {
-        let (grid, threads) = self.tc_tune.launch(role, units);
-        let tiles = TC_TILES
-            .iter()
-            .position(|&t| t * 16 >= nt)
-            .ok_or_else(|| DraftError::Model(format!("{nt} tokens for the tensor-core path")))?;
+        let tiles = tc_tiles(nt)?;
+        let (grid, threads) = self.tc_tune.launch(role, units, tiles);
         let a = &self.a;
         launch!(self, &self.k.tc[role as usize][tiles], (grid, 1, 1), threads;
             w, x, nw, y, units as i32, accumulate as i32, nt as i32, a.am_part.p,
@@ -301,7 +298,7 @@ impl CudaEngine {
             (ss_in, 0, 0),
             none,
         )?;
-        let nb = self.tc_tune.launch(TcRole::Lm, v).0 as i32;
+        let nb = self.tc_tune.launch(TcRole::Lm, v, tc_tiles(nt)?).0 as i32;
         launch!(self, &self.k.argmax_final, (ntu, 1, 1), 32; a.am_part.p, nb, io.tok, io.prob)
     }
 
@@ -615,4 +612,12 @@ impl Engine for CudaEngine {
     ) -> Result<Vec<Vec<Sample>>, DraftError> {
         self.chain_decode(rows, k)
     }
+}
+
+/// The index in `TC_TILES` of the fewest token tiles that hold `nt` tokens.
+fn tc_tiles(nt: usize) -> Result<usize, DraftError> {
+    TC_TILES
+        .iter()
+        .position(|&t| t * 16 >= nt)
+        .ok_or_else(|| DraftError::Model(format!("{nt} tokens for the tensor-core path")))
 }

@@ -213,10 +213,14 @@ pub(super) const TC_KERNELS: [&str; 6] = [
 /// Token tiles (of 16) the `tc_*` kernels are compiled for: steps of up to 64 tokens.
 pub(super) const TC_TILES: [usize; 3] = [1, 2, 4];
 
-/// Per tensor-core projection: tiles of 8 output units per warp (RT), warps summing one
-/// tile's k blocks (S), tile groups per block (RG); a block has RG × S warps (<= 16).
+/// Per tensor-core projection and token tile count (`TC_TILES`): tiles of 8 output units per
+/// warp (RT), warps summing one tile's k blocks (S), tile groups per block (RG); a block has
+/// RG × S warps (<= 16).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct TcTune([(usize, usize, usize); 5]);
+pub(super) struct TcTune([[TcShape; TC_TILES.len()]; 5]);
+
+/// (RT, S, RG) of one tensor-core kernel.
+type TcShape = (usize, usize, usize);
 
 impl TcTune {
     pub(super) fn from_env() -> Self {
@@ -226,23 +230,16 @@ impl TcTune {
         // a warp's weights fit in registers before its wait (mma.cu's TC_ALLW; two tiles
         // over four warps before): 0.809 -> 0.765 ms per step at 16 streams on the 0.5B
         // shape, 1.868 -> 1.717 on the 1.5B shape (measured on an NVIDIA H200).
-        let mut t = Self([(1, 8, 1), (1, 8, 1), (1, 8, 1), (1, 16, 1), (4, 2, 2)]);
-        // SPECD_DRAFT_TC_TUNE="down=1x8x2,lm=2x1x8" overrides them.
+        let mut t = Self([(1, 8, 1), (1, 8, 1), (1, 8, 1), (1, 16, 1), (4, 2, 2)].map(|v| [v; 3]));
+        // SPECD_DRAFT_TC_TUNE="down=1x8x2,lm@2=2x1x8" overrides them, for every tile count
+        // or for steps of that many token tiles (`@2`: 17 to 32 streams).
         if let Ok(v) = std::env::var("SPECD_DRAFT_TC_TUNE") {
             for item in v.split(',') {
-                let Some((role, rest)) = item.split_once('=') else {
-                    continue;
-                };
-                let n: Vec<usize> = rest
-                    .split('x')
-                    .filter_map(|x| x.trim().parse().ok())
-                    .collect();
-                let Some(i) = TC_KERNELS[..5].iter().position(|k| k[3..] == *role.trim()) else {
-                    continue;
-                };
-                if let [rt, s, rg] = n[..] {
-                    if (1..=4).contains(&rt) && s.is_power_of_two() && rg >= 1 && rg * s <= 16 {
-                        t.0[i] = (rt, s, rg);
+                if let Some((i, tiles, tune)) = parse_tc_tune(item) {
+                    for (j, tt) in TC_TILES.iter().enumerate() {
+                        if tiles.is_none_or(|n| n == *tt) {
+                            t.0[i][j] = tune;
+                        }
                     }
                 }
             }
@@ -250,24 +247,48 @@ impl TcTune {
         t
     }
 
-    /// (grid, threads) of `role` over `units` output units.
-    pub(super) fn launch(&self, role: TcRole, units: usize) -> (u32, u32) {
+    /// (grid, threads) of `role` over `units` output units in a step of `tiles` token
+    /// tiles (an index into `TC_TILES`).
+    pub(super) fn launch(&self, role: TcRole, units: usize, tiles: usize) -> (u32, u32) {
         let (rt, s, rg) = self.0[match role {
             TcRole::QkvRope => TcRole::Qkv as usize,
             r => r as usize,
-        }];
+        }][tiles];
         (units.div_ceil(rt * 8 * rg) as u32, (32 * s * rg) as u32)
     }
 
     pub(super) fn defines(&self) -> String {
-        ["QKV", "O", "GU", "DOWN", "LM"]
-            .iter()
-            .zip(self.0)
-            .map(|(n, (rt, s, rg))| {
-                format!("#define TC_{n}_RT {rt}\n#define TC_{n}_S {s}\n#define TC_{n}_RG {rg}\n")
-            })
-            .collect()
+        let mut out = String::new();
+        for (n, per_tiles) in ["QKV", "O", "GU", "DOWN", "LM"].iter().zip(self.0) {
+            for (tt, (rt, s, rg)) in TC_TILES.iter().zip(per_tiles) {
+                out += &format!(
+                    "#define TC_{n}_RT{tt} {rt}\n#define TC_{n}_S{tt} {s}\n#define TC_{n}_RG{tt} {rg}\n"
+                );
+            }
+        }
+        out
     }
+}
+
+/// `role=RTxSxRG` or `role@TILES=RTxSxRG` of `SPECD_DRAFT_TC_TUNE`: the role's index, the
+/// tile count it is for (None: all) and the tuning.
+fn parse_tc_tune(item: &str) -> Option<(usize, Option<usize>, TcShape)> {
+    let (role, rest) = item.split_once('=')?;
+    let (role, tiles) = match role.trim().split_once('@') {
+        Some((r, t)) => (r, Some(t.parse().ok().filter(|t| TC_TILES.contains(t))?)),
+        None => (role.trim(), None),
+    };
+    let i = TC_KERNELS[..5].iter().position(|k| k[3..] == *role)?;
+    let n: Vec<usize> = rest
+        .split('x')
+        .filter_map(|x| x.trim().parse().ok())
+        .collect();
+    let [rt, s, rg] = n[..] else { return None };
+    ((1..=4).contains(&rt) && s.is_power_of_two() && rg >= 1 && rg * s <= 16).then_some((
+        i,
+        tiles,
+        (rt, s, rg),
+    ))
 }
 
 /// Decode steps of 2 to this many streams run on the tensor-core kernels (`mma.cu`), larger
