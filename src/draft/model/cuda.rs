@@ -99,6 +99,10 @@ struct Kernels {
     rmsnorm: CudaFunction,
     qkv_post: CudaFunction,
     attn: CudaFunction,
+    /// Attention over half a group's query heads a block (rounded up).
+    attn_half: CudaFunction,
+    /// Attention over `att_few_heads` query heads of a group a block.
+    attn_few: CudaFunction,
     silu_mul: CudaFunction,
     /// The one-token projections, indexed by `Role`.
     gemv: Vec<CudaFunction>,
@@ -212,6 +216,9 @@ pub struct CudaEngine {
     /// Fewest keys per attention split in decode steps of several streams
     /// (`SPECD_DRAFT_ATT_SPLIT` overrides).
     att_split: i32,
+    /// Query heads of a group an `attn_few` block takes (`tune::att_few_heads`; None:
+    /// every step takes whole groups).
+    att_few_heads: Option<usize>,
     /// Multiprocessors of the device, to size grids.
     sms: usize,
     use_graphs: bool,
@@ -228,10 +235,33 @@ pub struct CudaEngine {
     last_rows: usize,
 }
 
-/// Key splits of attention for a pure decode step of `rows` rows: enough blocks to
-/// cover the GPU when there are few rows.
-fn splits_for(rows: usize, kv_heads: usize, sms: usize) -> usize {
-    (2 * sms).div_ceil(rows * kv_heads).clamp(1, 16)
+/// Key splits of attention for a pure decode step of `rows` rows, each taking
+/// `head_blocks` blocks a split: enough blocks to cover the GPU when there are few rows.
+fn splits_for(rows: usize, head_blocks: usize, sms: usize) -> usize {
+    (2 * sms).div_ceil(rows * head_blocks).clamp(1, 16)
+}
+
+/// Query heads a block of a step of `rows` rows takes attention over: the fewest of
+/// `few`, half the group (rounded up) and the group for which the step's blocks (rows ×
+/// key/value heads × blocks a group) fill at most half the `sms` multiprocessors. A block
+/// of a whole group leaves most of the GPU idle at a few streams (two blocks a token for
+/// Qwen2.5's two key/value heads); at many its blocks already fill it, and splitting the
+/// group only reads the keys and values again. Measured on an NVIDIA H200 (132
+/// multiprocessors; docs/draft-model.md, "Attention of a few streams over more blocks"):
+/// one head a block up to 4 streams, half a group at 8 and 16, whole groups at 32.
+fn att_heads_for(
+    rows: usize,
+    kv_heads: usize,
+    group: usize,
+    few: Option<usize>,
+    sms: usize,
+) -> usize {
+    let Some(few) = few else { return group };
+    [few, group.div_ceil(2)]
+        .into_iter()
+        .filter(|&h| h < group && rows * kv_heads * group.div_ceil(h) <= sms / 2)
+        .min()
+        .unwrap_or(group)
 }
 
 macro_rules! launch {
@@ -252,8 +282,9 @@ mod exec;
 mod io;
 mod tune;
 use tune::{
-    att_min_split, att_prefetch, att_shared_bytes, att_threads, kernel_source, tc_max_streams,
-    GemvTune, Role, TcRole, TcTune, ATT_SHARED_MAX, ROLE_KERNELS, TC_KERNELS, TC_TILES,
+    att_few_heads, att_min_split, att_prefetch, att_shared_bytes, att_threads, kernel_source,
+    tc_max_streams, GemvTune, Role, TcRole, TcTune, ATT_SHARED_MAX, ROLE_KERNELS, TC_KERNELS,
+    TC_TILES,
 };
 
 impl CudaEngine {
@@ -296,11 +327,13 @@ impl CudaEngine {
         }
         let tune = GemvTune::new(c);
         let tc_tune = TcTune::from_env();
+        let att_few_heads = att_few_heads(group);
         let att_threads = att_threads(group, d);
         let defs = format!(
             "#define HIDDEN {h}\n#define NH {nh}\n#define NKV {nkv}\n#define HD {d}\n#define GROUP {}\n\
              #define INTER {inter}\n#define MAX_LEN {}\n#define EPS {:e}f\n#define QK_NORM {}\n#define DT_BF16 {}\n\
-             #define PDL {}\n#define ATT_PREFETCH {}\n#define ATT_THREADS {att_threads}\n{}",
+             #define PDL {}\n#define ATT_PREFETCH {}\n#define ATT_THREADS {att_threads}\n\
+             #define ATT_HEADS {}\n{}",
             nh / nkv,
             l.max_len,
             c.rms_norm_eps,
@@ -308,6 +341,7 @@ impl CudaEngine {
             (l.dtype == DType::BF16) as i32,
             pdl as i32,
             att_prefetch(d),
+            att_few_heads.unwrap_or(1),
             tune.defines() + &tc_tune.defines(),
         );
         let opts = cudarc::nvrtc::CompileOptions {
@@ -328,6 +362,8 @@ impl CudaEngine {
             rmsnorm: f("rmsnorm")?,
             qkv_post: f("qkv_post")?,
             attn: f("attn")?,
+            attn_half: f("attn_half")?,
+            attn_few: f("attn_few")?,
             silu_mul: f("silu_mul")?,
             gemv: ROLE_KERNELS
                 .iter()
@@ -449,7 +485,8 @@ impl CudaEngine {
             xs: alloc(&stream, max_rows_padded * h)?,
             part_o: alloc(&stream, part_rows * nh * d)?,
             part_ml: alloc(&stream, part_rows * nh * 2)?,
-            counters: alloc(&stream, t * nkv)?,
+            // Up to one counter per query head (attn_few with one head a block).
+            counters: alloc(&stream, t * nh)?,
             logits: alloc(&stream, max_rows_padded * c.vocab_size)?,
             am_part: alloc(
                 &stream,
@@ -514,6 +551,7 @@ impl CudaEngine {
             tc_tune,
             ss,
             att_threads,
+            att_few_heads,
             att_split: std::env::var("SPECD_DRAFT_ATT_SPLIT")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -538,5 +576,28 @@ impl CudaEngine {
             h_in: Vec::new(),
             last_rows: 0,
         })
+    }
+
+    /// The attention kernel of a step of `rows` rows (tokens) and its blocks a row and
+    /// split (`att_heads_for`).
+    fn att(&self, rows: usize) -> (&CudaFunction, u32) {
+        let (nkv, group) = (
+            self.cfg.num_kv_heads,
+            self.cfg.num_heads / self.cfg.num_kv_heads,
+        );
+        let heads = att_heads_for(rows, nkv, group, self.att_few_heads, self.sms);
+        let f = if heads == group {
+            &self.k.attn
+        } else if Some(heads) == self.att_few_heads {
+            &self.k.attn_few
+        } else {
+            &self.k.attn_half
+        };
+        (f, (nkv * group.div_ceil(heads)) as u32)
+    }
+
+    /// Key splits of attention for a pure decode step of `rows` rows.
+    fn att_splits(&self, rows: usize) -> usize {
+        splits_for(rows, self.att(rows).1 as usize, self.sms)
     }
 }

@@ -242,6 +242,11 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 #ifndef ATT_THREADS
 #define ATT_THREADS 256
 #endif
+// Query heads of a group an `attn_few` block takes (tune.rs att_few_heads); `attn_half`
+// takes half a group (rounded up), `attn` the whole group.
+#ifndef ATT_HEADS
+#define ATT_HEADS 1
+#endif
 // Value phase: VT threads cover a value row, 8 dims (16 bytes) each; KG key groups.
 #define VT (HD / 8)
 #define KG (ATT_THREADS / VT)
@@ -251,26 +256,33 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 // before the wait) costs less than merging two splits.
 #define MIN_SPLIT (2 * ATT_THREADS)
 
-// Attention of token t's GROUP query heads sharing key/value head blockIdx.y over
-// split blockIdx.z of its keys 0..pos[t], writing [T, NH*HD] to `out`. The grid has the
+// Attention of token t's query heads g0 .. g0 + GH - 1 of the GROUP sharing key/value head
+// blockIdx.y / HSPLIT (a group's heads spread over HSPLIT blocks, each reading the same keys
+// and values; the last block's missing heads are scored with zero queries and not written)
+// over split blockIdx.z of its keys 0..pos[t], writing [T, NH*HD] to `out`. The grid has the
 // most splits a step may use (fixed when it is captured); a token uses as many as its
 // keys fill, at least min_split keys each (MIN_SPLIT unless SPECD_DRAFT_ATT_SPLIT sets it
 // for steps of several streams; shorter splits measured slower), and the blocks beyond
 // them leave at once.
 // With several splits each block leaves its unnormalized sums and (max, sum) in part_o
-// ([T, NH, S, HD]) and part_ml ([T, NH, S, 2]); the last block of a (token, kv head) to
-// finish merges them (counters must start at zero; the merging block resets its own).
-extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
-     const int* __restrict__ pos, const int* __restrict__ slot, u16* __restrict__ out,
-     float* part_o, float* part_ml, unsigned int* counters, float scale, int prefetch,
-     int min_split) {
-    __shared__ float qs[GROUP][HD];
-    __shared__ float ps[GROUP][ATT_THREADS];
-    __shared__ float alpha_s[GROUP], m_s[GROUP], l_s[GROUP];
-    __shared__ float red[ATT_THREADS / 32][GROUP][HD];
+// ([T, NH, S, HD]) and part_ml ([T, NH, S, 2]); the last block of a (token, head block) to
+// finish merges them (counters, one per (token, blockIdx.y), must start at zero; the merging
+// block resets its own).
+template <int GH>
+__device__ __forceinline__ void attn_impl(const u16* __restrict__ q, const u16* __restrict__ kc,
+                                          const u16* __restrict__ vc, const int* __restrict__ pos,
+                                          const int* __restrict__ slot, u16* __restrict__ out,
+                                          float* part_o, float* part_ml, unsigned int* counters,
+                                          float scale, int prefetch, int min_split) {
+    constexpr int HSPLIT = (GROUP + GH - 1) / GH;
+    __shared__ float qs[GH][HD];
+    __shared__ float ps[GH][ATT_THREADS];
+    __shared__ float alpha_s[GH], m_s[GH], l_s[GH];
+    __shared__ float red[ATT_THREADS / 32][GH][HD];
     __shared__ int last_s;
-    int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, SG = gridDim.z;
+    int t = blockIdx.x, kvh = blockIdx.y / HSPLIT, sp = blockIdx.z, SG = gridDim.z;
+    // This block's heads: g0 .. g0 + gn - 1 of the group.
+    int g0 = (blockIdx.y % HSPLIT) * GH, gn = min(GH, GROUP - g0);
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int L = pos[t] + 1;
     int per = max(min_split, (L + SG - 1) / SG);
@@ -326,12 +338,13 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
 #endif
     pdl_trigger();
     pdl_wait();
-    const u16* qrow = q + (size_t)t * NH * HD + (size_t)kvh * GROUP * HD;
-    for (int i = tid; i < GROUP * HD; i += ATT_THREADS) qs[i / HD][i % HD] = to_f(qrow[i]) * scale * LOG2E;
-    if (tid < GROUP) { m_s[tid] = NEG_INF; l_s[tid] = 0.f; }
-    float acc[GROUP][8];
+    const u16* qrow = q + (size_t)t * NH * HD + (size_t)(kvh * GROUP + g0) * HD;
+    for (int i = tid; i < GH * HD; i += ATT_THREADS)
+        qs[i / HD][i % HD] = i / HD < gn ? to_f(qrow[i]) * scale * LOG2E : 0.f;
+    if (tid < GH) { m_s[tid] = NEG_INF; l_s[tid] = 0.f; }
+    float acc[GH][8];
 #pragma unroll
-    for (int g = 0; g < GROUP; ++g)
+    for (int g = 0; g < GH; ++g)
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
     __syncthreads();
@@ -340,9 +353,9 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
         // Scores: one key per thread.
         if (tid < n) {
             const uint4* kr = (const uint4*)(kc + (base + (size_t)(c + tid) * NKV + kvh) * HD);
-            float dot[GROUP];
+            float dot[GH];
 #pragma unroll
-            for (int g = 0; g < GROUP; ++g) dot[g] = 0.f;
+            for (int g = 0; g < GH; ++g) dot[g] = 0.f;
 #if ATT_PREFETCH
             bool pre = prefetch && c == j0 && c + tid < L - 1;
 #pragma unroll
@@ -357,16 +370,16 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
                 unpack8(kr[v8], kf);
 #endif
 #pragma unroll
-                for (int g = 0; g < GROUP; ++g)
+                for (int g = 0; g < GH; ++g)
 #pragma unroll
                     for (int e = 0; e < 8; ++e) dot[g] += qs[g][v8 * 8 + e] * kf[e];
             }
 #pragma unroll
-            for (int g = 0; g < GROUP; ++g) ps[g][tid] = dot[g];
+            for (int g = 0; g < GH; ++g) ps[g][tid] = dot[g];
         }
         __syncthreads();
         // Online softmax update, one warp per head of the group.
-        for (int g = warp; g < GROUP; g += ATT_THREADS / 32) {
+        for (int g = warp; g < GH; g += ATT_THREADS / 32) {
             float mx = NEG_INF;
             for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ps[g][j]);
             mx = warp_max(mx);
@@ -388,7 +401,7 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
         __syncthreads();
         // Weighted values: a thread owns 8 dims of the keys kg, kg+KG, ...
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g)
+        for (int g = 0; g < GH; ++g)
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[g][e] *= alpha_s[g];
 #if ATT_PREFETCH > 1
@@ -406,7 +419,7 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
             unpack8(*(const uint4*)(vc + (base + (size_t)(c + j) * NKV + kvh) * HD + vd), vf);
 #endif
 #pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
+            for (int g = 0; g < GH; ++g) {
                 float p = ps[g][j];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) acc[g][e] += p * vf[e];
@@ -418,21 +431,22 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
 #pragma unroll
     for (int off = VT; off < 32; off <<= 1)
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g)
+        for (int g = 0; g < GH; ++g)
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
     if (lane < VT)
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g)
+        for (int g = 0; g < GH; ++g)
 #pragma unroll
             for (int e = 0; e < 8; ++e) red[warp][g][vd + e] = acc[g][e];
     __syncthreads();
-    for (int i = tid; i < GROUP * HD; i += ATT_THREADS) {
+    for (int i = tid; i < GH * HD; i += ATT_THREADS) {
         int g = i / HD, d = i % HD;
+        if (g >= gn) break;
         float v = 0.f;
 #pragma unroll
         for (int k = 0; k < ATT_THREADS / 32; ++k) v += red[k][g][d];
-        int h = kvh * GROUP + g;
+        int h = kvh * GROUP + g0 + g;
         if (S == 1) {
             out[(size_t)t * NH * HD + h * HD + d] = from_f(v / l_s[g]);
         } else {
@@ -442,19 +456,19 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
         }
     }
     if (S == 1) return;
-    // Publish the partials; the last split block of this (token, kv head) merges.
+    // Publish the partials; the last split block of this (token, head block) merges.
     __threadfence();
     __syncthreads();
     if (tid == 0) {
-        unsigned int prev = atomicAdd(&counters[t * NKV + kvh], 1u);
+        unsigned int prev = atomicAdd(&counters[t * gridDim.y + blockIdx.y], 1u);
         last_s = prev == (unsigned int)(S - 1);
     }
     __syncthreads();
     if (!last_s) return;
     __threadfence();
-    for (int i = tid; i < GROUP * HD; i += ATT_THREADS) {
+    for (int i = tid; i < gn * HD; i += ATT_THREADS) {
         int g = i / HD, d = i % HD;
-        size_t pi = ((size_t)t * NH + kvh * GROUP + g) * SG;
+        size_t pi = ((size_t)t * NH + kvh * GROUP + g0 + g) * SG;
         float M = NEG_INF;
 #pragma unroll 4
         for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(&part_ml[(pi + s) * 2]));
@@ -467,10 +481,22 @@ attn(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __restric
             num += w * __ldcg(&part_o[(pi + s) * HD + d]);
             den += w * l;
         }
-        out[(size_t)t * NH * HD + (kvh * GROUP + g) * HD + d] = from_f(num / den);
+        out[(size_t)t * NH * HD + (kvh * GROUP + g0 + g) * HD + d] = from_f(num / den);
     }
-    if (tid == 0) counters[t * NKV + kvh] = 0u;
+    if (tid == 0) counters[t * gridDim.y + blockIdx.y] = 0u;
 }
+
+#define ATT_KERNEL(NAME, HEADS)                                                                \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                   \
+    NAME(const u16* q, const u16* kc, const u16* vc, const int* pos, const int* slot, u16* out, \
+         float* part_o, float* part_ml, unsigned int* counters, float scale, int prefetch,      \
+         int min_split) {                                                                       \
+        attn_impl<HEADS>(q, kc, vc, pos, slot, out, part_o, part_ml, counters, scale, prefetch, \
+                         min_split);                                                            \
+    }
+ATT_KERNEL(attn, GROUP)
+ATT_KERNEL(attn_half, (GROUP + 1) / 2)
+ATT_KERNEL(attn_few, ATT_HEADS)
 
 // act[t, i] = silu(gu[t, i]) * gu[t, INTER + i], rounded like the reference.
 __device__ __forceinline__ float silu_mul1(float g, float u) { return rnd(rnd(g / (1.f + __expf(-g))) * u); }

@@ -6,7 +6,7 @@
 use candle_core::cuda_backend::cudarc;
 use cudarc::driver::{result, sys, CudaGraph};
 
-use super::{derr, splits_for, CudaEngine, StepIo, MAX_CHAIN};
+use super::{derr, CudaEngine, StepIo, MAX_CHAIN};
 use crate::draft::model::batch::{decode_step_by_step, RowStep, Sample};
 use crate::draft::DraftError;
 
@@ -23,7 +23,7 @@ impl CudaEngine {
     }
 
     fn capture_chain(&self, n: usize, k: usize) -> Result<CudaGraph, DraftError> {
-        let splits = splits_for(n, self.cfg.num_kv_heads, self.sms);
+        let splits = self.att_splits(n);
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(derr)?;

@@ -5,8 +5,7 @@ use cudarc::cublas::sys as cb;
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
 use super::{
-    att_min_split, derr, splits_for, CudaEngine, Input, Role, StepIo, TcRole, ARGMAX_BLOCKS,
-    TC_TILES,
+    att_min_split, derr, CudaEngine, Input, Role, StepIo, TcRole, ARGMAX_BLOCKS, TC_TILES,
 };
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
@@ -129,7 +128,8 @@ impl CudaEngine {
                     (kc, vc),
                 )?;
             }
-            launch!(self, &self.k.attn, (1, nkv as u32, splits as u32), self.att_threads;
+            let (att, hb) = self.att(1);
+            launch!(self, att, (1, hb, splits as u32), self.att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32, att_min_split(self.att_threads))?;
             self.gemv(Role::O, l.o, a.attn.p, 0, a.x.p, h, true, 0, (0, 0))?;
             self.gemv(
@@ -246,7 +246,8 @@ impl CudaEngine {
                     (l.qkv_bias, kc, vc),
                 )?;
             }
-            launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), self.att_threads;
+            let (att, hb) = self.att(ntu as usize);
+            launch!(self, att, (ntu, hb, splits as u32), self.att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, self.att_split)?;
             self.tc_proj(
                 TcRole::O,
@@ -446,7 +447,8 @@ impl CudaEngine {
             } else {
                 att_min_split(self.att_threads)
             };
-            launch!(self, &self.k.attn, (ntu, nkv as u32, splits as u32), self.att_threads;
+            let (att, hb) = self.att(ntu as usize);
+            launch!(self, att, (ntu, hb, splits as u32), self.att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, min_split)?;
             self.proj(
                 l.o,
@@ -548,11 +550,7 @@ impl Engine for CudaEngine {
         self.stage(rows, n);
         let nr = if decode { n } else { rows.len() };
         self.upload_inputs(n, nr)?;
-        let splits = if decode {
-            splits_for(n, self.cfg.num_kv_heads, self.sms)
-        } else {
-            1
-        };
+        let splits = if decode { self.att_splits(n) } else { 1 };
         let graphed = decode && self.use_graphs && bucket.is_some();
         let mut samples = if graphed && self.graphs.contains_key(&n) {
             self.graphs[&n].launch().map_err(derr)?;

@@ -181,6 +181,20 @@ pub(super) fn att_threads(group: usize, head_dim: usize) -> u32 {
         .unwrap_or(default)
 }
 
+/// Query heads of a group (of `group` sharing a key/value head) an `attn_few` block takes
+/// (`SPECD_DRAFT_ATT_HEADS`: 1 to `group`, default 1; 0 turns the split groups off, half
+/// groups too, so that every step takes whole groups as before).
+pub(super) fn att_few_heads(group: usize) -> Option<usize> {
+    match std::env::var("SPECD_DRAFT_ATT_HEADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(0) => None,
+        Some(n) => Some(n.min(group)),
+        None => Some(1),
+    }
+}
+
 /// `role=RxS` with 1 <= R <= 8 and S one of 1, 2, 4, 8.
 fn parse_tune(item: &str) -> Option<(&str, (usize, usize))> {
     let (role, rs) = item.split_once('=')?;
