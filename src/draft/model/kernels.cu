@@ -243,9 +243,12 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 #define ATT_THREADS 256
 #endif
 // Query heads of a group an `attn_few` block takes (tune.rs att_few_heads); `attn_half`
-// takes half a group (rounded up), `attn` the whole group.
+// takes ATT_HALF (cuda.rs att_half_heads: about half), `attn` the whole group.
 #ifndef ATT_HEADS
 #define ATT_HEADS 1
+#endif
+#ifndef ATT_HALF
+#define ATT_HALF ((GROUP + 1) / 2)
 #endif
 // Value phase: VT threads cover a value row, 8 dims (16 bytes) each; KG key groups.
 #define VT (HD / 8)
@@ -495,7 +498,7 @@ __device__ __forceinline__ void attn_impl(const u16* __restrict__ q, const u16* 
                          min_split);                                                            \
     }
 ATT_KERNEL(attn, GROUP)
-ATT_KERNEL(attn_half, (GROUP + 1) / 2)
+ATT_KERNEL(attn_half, ATT_HALF)
 ATT_KERNEL(attn_few, ATT_HEADS)
 
 // act[t, i] = silu(gu[t, i]) * gu[t, INTER + i], rounded like the reference.
