@@ -93,6 +93,8 @@ impl CudaEngine {
         );
         let a = &self.a;
         let scale = 1f32 / (d as f32).sqrt();
+        // The step's attention kernel and its blocks, the same in every layer.
+        let (att, hb) = self.att(1);
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
                 self.kc.p + (i * self.layer_kv * 2) as u64,
@@ -128,7 +130,6 @@ impl CudaEngine {
                     (kc, vc),
                 )?;
             }
-            let (att, hb) = self.att(1);
             launch!(self, att, (1, hb, splits as u32), self.att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32, att_min_split(self.att_threads))?;
             self.gemv(Role::O, l.o, a.attn.p, 0, a.x.p, h, true, 0, (0, 0))?;
@@ -209,6 +210,8 @@ impl CudaEngine {
         let scale = 1f32 / (d as f32).sqrt();
         let (ss_in, ss_mid) = self.ss_bufs();
         let none = (0, 0, 0);
+        // The step's attention kernel and its blocks, the same in every layer.
+        let (att, hb) = self.att(ntu as usize);
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
                 self.kc.p + (i * self.layer_kv * 2) as u64,
@@ -246,7 +249,6 @@ impl CudaEngine {
                     (l.qkv_bias, kc, vc),
                 )?;
             }
-            let (att, hb) = self.att(ntu as usize);
             launch!(self, att, (ntu, hb, splits as u32), self.att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, self.att_split)?;
             self.tc_proj(
@@ -423,6 +425,8 @@ impl CudaEngine {
         // Attention may prefetch cache rows only when each slot gets one new token.
         let decode = (nt == nr) as i32;
         let scale = 1f32 / (d as f32).sqrt();
+        // The step's attention kernel and its blocks, the same in every layer.
+        let (att, hb) = self.att(ntu as usize);
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
                 self.kc.p + (i * self.layer_kv * 2) as u64,
@@ -447,7 +451,6 @@ impl CudaEngine {
             } else {
                 att_min_split(self.att_threads)
             };
-            let (att, hb) = self.att(ntu as usize);
             launch!(self, att, (ntu, hb, splits as u32), self.att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, min_split)?;
             self.proj(
