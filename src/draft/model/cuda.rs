@@ -103,6 +103,8 @@ struct Kernels {
     attn_half: CudaFunction,
     /// Attention over `att_few_heads` query heads of a group a block.
     attn_few: CudaFunction,
+    /// Decode attention on tensor cores (attn_tc.cu), whole groups.
+    attn_tc: CudaFunction,
     silu_mul: CudaFunction,
     /// The one-token projections, indexed by `Role`.
     gemv: Vec<CudaFunction>,
@@ -219,6 +221,10 @@ pub struct CudaEngine {
     /// Query heads of a group an `attn_few` block takes (`tune::att_few_heads`; None:
     /// every step takes whole groups).
     att_few_heads: Option<usize>,
+    /// Decode steps of at least this many rows take `attn_tc` (None: never).
+    att_tc_rows: Option<usize>,
+    /// Threads of an `attn_tc` block.
+    att_tc_threads: u32,
     /// Multiprocessors of the device, to size grids.
     sms: usize,
     use_graphs: bool,
@@ -233,43 +239,6 @@ pub struct CudaEngine {
     h_rows: Vec<i32>,
     h_in: Vec<i32>,
     last_rows: usize,
-}
-
-/// Key splits of attention for a pure decode step of `rows` rows, each taking
-/// `head_blocks` blocks a split: enough blocks to cover the GPU when there are few rows.
-fn splits_for(rows: usize, head_blocks: usize, sms: usize) -> usize {
-    (2 * sms).div_ceil(rows * head_blocks).clamp(1, 16)
-}
-
-/// Query heads an `attn_half` block takes: half the group, rounded up to a power of two
-/// (4 + 3 heads for a group of 7, 4 + 2 for 6). On the Qwen2.5-1.5B shape (6 heads of
-/// dimension 128) blocks of 3 + 3 heads measured slower than 4 + 2: 1.730 against 1.610 ms
-/// per step at 16 streams, 1.570 against 1.482 at 8 (NVIDIA H200).
-fn att_half_heads(group: usize) -> usize {
-    group.div_ceil(2).next_power_of_two().min(group)
-}
-
-/// Query heads a block of a step of `rows` rows takes attention over: the fewest of
-/// `few`, `att_half_heads` and the group for which the step's blocks (rows ×
-/// key/value heads × blocks a group) fill at most half the `sms` multiprocessors. A block
-/// of a whole group leaves most of the GPU idle at a few streams (two blocks a token for
-/// Qwen2.5's two key/value heads); at many its blocks already fill it, and splitting the
-/// group only reads the keys and values again. Measured on an NVIDIA H200 (132
-/// multiprocessors; docs/draft-model.md, "Attention of a few streams over more blocks"):
-/// one head a block up to 4 streams, half a group at 8 and 16, whole groups at 32.
-fn att_heads_for(
-    rows: usize,
-    kv_heads: usize,
-    group: usize,
-    few: Option<usize>,
-    sms: usize,
-) -> usize {
-    let Some(few) = few else { return group };
-    [few, att_half_heads(group)]
-        .into_iter()
-        .filter(|&h| h < group && rows * kv_heads * group.div_ceil(h) <= sms / 2)
-        .min()
-        .unwrap_or(group)
 }
 
 macro_rules! launch {
@@ -290,9 +259,9 @@ mod exec;
 mod io;
 mod tune;
 use tune::{
-    att_few_heads, att_min_split, att_prefetch, att_shared_bytes, att_threads, kernel_source,
-    tc_max_streams, GemvTune, Role, TcRole, TcTune, ATT_SHARED_MAX, ROLE_KERNELS, TC_KERNELS,
-    TC_TILES,
+    att_few_heads, att_half_heads, att_heads_for, att_min_split, att_prefetch, att_shared_bytes,
+    att_tc_min_rows, att_tc_warps, att_threads, kernel_source, splits_for, tc_max_streams,
+    GemvTune, Role, TcRole, TcTune, ATT_SHARED_MAX, ROLE_KERNELS, TC_KERNELS, TC_TILES,
 };
 
 impl CudaEngine {
@@ -337,11 +306,14 @@ impl CudaEngine {
         let tc_tune = TcTune::from_env();
         let att_few_heads = att_few_heads(group);
         let att_threads = att_threads(group, d);
+        let att_tc_warps = att_tc_warps();
+        // mma.sync on bf16/f16 needs sm_80.
+        let att_tc_rows = att_tc_min_rows(group, d, att_tc_warps).filter(|_| maj >= 8);
         let defs = format!(
             "#define HIDDEN {h}\n#define NH {nh}\n#define NKV {nkv}\n#define HD {d}\n#define GROUP {}\n\
              #define INTER {inter}\n#define MAX_LEN {}\n#define EPS {:e}f\n#define QK_NORM {}\n#define DT_BF16 {}\n\
              #define PDL {}\n#define ATT_PREFETCH {}\n#define ATT_THREADS {att_threads}\n\
-             #define ATT_HEADS {}\n#define ATT_HALF {}\n{}",
+             #define ATT_HEADS {}\n#define ATT_HALF {}\n#define ATC_WARPS {att_tc_warps}\n{}",
             nh / nkv,
             l.max_len,
             c.rms_norm_eps,
@@ -373,6 +345,7 @@ impl CudaEngine {
             attn: f("attn")?,
             attn_half: f("attn_half")?,
             attn_few: f("attn_few")?,
+            attn_tc: f("attn_tc")?,
             silu_mul: f("silu_mul")?,
             gemv: ROLE_KERNELS
                 .iter()
@@ -561,6 +534,8 @@ impl CudaEngine {
             ss,
             att_threads,
             att_few_heads,
+            att_tc_rows,
+            att_tc_threads: 32 * att_tc_warps as u32,
             att_split: std::env::var("SPECD_DRAFT_ATT_SPLIT")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -587,13 +562,16 @@ impl CudaEngine {
         })
     }
 
-    /// The attention kernel of a step of `rows` rows (tokens) and its blocks a row and
-    /// split (`att_heads_for`).
-    fn att(&self, rows: usize) -> (&CudaFunction, u32) {
+    /// The attention kernel of a step of `rows` rows (tokens; `decode`: one a slot), its
+    /// blocks a row and split (`att_heads_for`) and its threads.
+    fn att(&self, rows: usize, decode: bool) -> (&CudaFunction, u32, u32) {
         let (nkv, group) = (
             self.cfg.num_kv_heads,
             self.cfg.num_heads / self.cfg.num_kv_heads,
         );
+        if decode && self.att_tc_rows.is_some_and(|r| rows >= r) {
+            return (&self.k.attn_tc, nkv as u32, self.att_tc_threads);
+        }
         let heads = att_heads_for(rows, nkv, group, self.att_few_heads, self.sms);
         let f = if heads == group {
             &self.k.attn
@@ -602,11 +580,11 @@ impl CudaEngine {
         } else {
             &self.k.attn_half
         };
-        (f, (nkv * group.div_ceil(heads)) as u32)
+        (f, (nkv * group.div_ceil(heads)) as u32, self.att_threads)
     }
 
     /// Key splits of attention for a pure decode step of `rows` rows.
     fn att_splits(&self, rows: usize) -> usize {
-        splits_for(rows, self.att(rows).1 as usize, self.sms)
+        splits_for(rows, self.att(rows, true).1 as usize, self.sms)
     }
 }

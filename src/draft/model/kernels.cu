@@ -243,7 +243,7 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 #define ATT_THREADS 256
 #endif
 // Query heads of a group an `attn_few` block takes (tune.rs att_few_heads); `attn_half`
-// takes ATT_HALF (cuda.rs att_half_heads: about half), `attn` the whole group.
+// takes ATT_HALF (cuda/tune.rs att_half_heads: about half), `attn` the whole group.
 #ifndef ATT_HEADS
 #define ATT_HEADS 1
 #endif
@@ -258,6 +258,29 @@ extern "C" __global__ void qkv_post(const u16* __restrict__ qkv, const u16* __re
 // Two chunks: below 2 x ATT_THREADS keys a split's second chunk (prefetched into L1
 // before the wait) costs less than merging two splits.
 #define MIN_SPLIT (2 * ATT_THREADS)
+
+// The last split block of token t's query heads h0 .. h0 + gn - 1 merges the S splits'
+// partial sums and (max, sum) into `out` (threads: the block's).
+__device__ __forceinline__ void attn_merge(const float* part_o, const float* part_ml, u16* out,
+                                           int t, int h0, int gn, int S, int SG, int threads) {
+    for (int i = threadIdx.x; i < gn * HD; i += threads) {
+        int g = i / HD, d = i % HD;
+        size_t pi = ((size_t)t * NH + h0 + g) * SG;
+        float M = NEG_INF;
+#pragma unroll 4
+        for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(&part_ml[(pi + s) * 2]));
+        float num = 0.f, den = 0.f;
+#pragma unroll 4
+        for (int s = 0; s < S; ++s) {
+            float l = __ldcg(&part_ml[(pi + s) * 2 + 1]);
+            if (l == 0.f) continue;
+            float w = exp2f(__ldcg(&part_ml[(pi + s) * 2]) - M);
+            num += w * __ldcg(&part_o[(pi + s) * HD + d]);
+            den += w * l;
+        }
+        out[(size_t)t * NH * HD + (h0 + g) * HD + d] = from_f(num / den);
+    }
+}
 
 // Attention of token t's query heads g0 .. g0 + GH - 1 of the GROUP sharing key/value head
 // blockIdx.y / HSPLIT (a group's heads spread over HSPLIT blocks, each reading the same keys
@@ -469,23 +492,7 @@ __device__ __forceinline__ void attn_impl(const u16* __restrict__ q, const u16* 
     __syncthreads();
     if (!last_s) return;
     __threadfence();
-    for (int i = tid; i < gn * HD; i += ATT_THREADS) {
-        int g = i / HD, d = i % HD;
-        size_t pi = ((size_t)t * NH + kvh * GROUP + g0 + g) * SG;
-        float M = NEG_INF;
-#pragma unroll 4
-        for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(&part_ml[(pi + s) * 2]));
-        float num = 0.f, den = 0.f;
-#pragma unroll 4
-        for (int s = 0; s < S; ++s) {
-            float l = __ldcg(&part_ml[(pi + s) * 2 + 1]);
-            if (l == 0.f) continue;
-            float w = exp2f(__ldcg(&part_ml[(pi + s) * 2]) - M);
-            num += w * __ldcg(&part_o[(pi + s) * HD + d]);
-            den += w * l;
-        }
-        out[(size_t)t * NH * HD + (kvh * GROUP + g0 + g) * HD + d] = from_f(num / den);
-    }
+    attn_merge(part_o, part_ml, out, t, kvh * GROUP + g0, gn, S, SG, ATT_THREADS);
     if (tid == 0) counters[t * gridDim.y + blockIdx.y] = 0u;
 }
 

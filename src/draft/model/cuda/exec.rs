@@ -94,7 +94,7 @@ impl CudaEngine {
         let a = &self.a;
         let scale = 1f32 / (d as f32).sqrt();
         // The step's attention kernel and its blocks, the same in every layer.
-        let (att, hb) = self.att(1);
+        let (att, hb, att_threads) = self.att(1, true);
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
                 self.kc.p + (i * self.layer_kv * 2) as u64,
@@ -130,7 +130,7 @@ impl CudaEngine {
                     (kc, vc),
                 )?;
             }
-            launch!(self, att, (1, hb, splits as u32), self.att_threads;
+            launch!(self, att, (1, hb, splits as u32), att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, 1i32, att_min_split(self.att_threads))?;
             self.gemv(Role::O, l.o, a.attn.p, 0, a.x.p, h, true, 0, (0, 0))?;
             self.gemv(
@@ -211,7 +211,7 @@ impl CudaEngine {
         let (ss_in, ss_mid) = self.ss_bufs();
         let none = (0, 0, 0);
         // The step's attention kernel and its blocks, the same in every layer.
-        let (att, hb) = self.att(ntu as usize);
+        let (att, hb, att_threads) = self.att(ntu as usize, true);
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
                 self.kc.p + (i * self.layer_kv * 2) as u64,
@@ -249,7 +249,7 @@ impl CudaEngine {
                     (l.qkv_bias, kc, vc),
                 )?;
             }
-            launch!(self, att, (ntu, hb, splits as u32), self.att_threads;
+            launch!(self, att, (ntu, hb, splits as u32), att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, self.att_split)?;
             self.tc_proj(
                 TcRole::O,
@@ -426,7 +426,7 @@ impl CudaEngine {
         let decode = (nt == nr) as i32;
         let scale = 1f32 / (d as f32).sqrt();
         // The step's attention kernel and its blocks, the same in every layer.
-        let (att, hb) = self.att(ntu as usize);
+        let (att, hb, att_threads) = self.att(ntu as usize, decode == 1);
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
                 self.kc.p + (i * self.layer_kv * 2) as u64,
@@ -451,7 +451,7 @@ impl CudaEngine {
             } else {
                 att_min_split(self.att_threads)
             };
-            launch!(self, att, (ntu, hb, splits as u32), self.att_threads;
+            launch!(self, att, (ntu, hb, splits as u32), att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, min_split)?;
             self.proj(
                 l.o,

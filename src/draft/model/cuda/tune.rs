@@ -5,10 +5,11 @@ use super::ModelConfig;
 use crate::draft::DraftError;
 
 /// The kernel sources, compiled as one module when the model loads.
-const KERNELS: [(&str, &str); 3] = [
+const KERNELS: [(&str, &str); 4] = [
     ("kernels.cu", include_str!("../kernels.cu")),
     ("gemv.cu", include_str!("../gemv.cu")),
     ("mma.cu", include_str!("../mma.cu")),
+    ("attn_tc.cu", include_str!("../attn_tc.cu")),
 ];
 
 /// The one-token projection kernels (`gemv_*` in kernels.cu), in `Kernels::gemv` order.
@@ -180,6 +181,74 @@ pub(super) fn att_threads(group: usize, head_dim: usize) -> u32 {
         .filter(|n| *n == 128 || (*n == 256 && default == 256))
         .unwrap_or(default)
 }
+
+/// Key splits of attention for a pure decode step of `rows` rows, each taking
+/// `head_blocks` blocks a split: enough blocks to cover the GPU when there are few rows.
+pub(super) fn splits_for(rows: usize, head_blocks: usize, sms: usize) -> usize {
+    (2 * sms).div_ceil(rows * head_blocks).clamp(1, 16)
+}
+
+/// Query heads an `attn_half` block takes: half the group, rounded up to a power of two
+/// (4 + 3 heads for a group of 7, 4 + 2 for 6). On the Qwen2.5-1.5B shape (6 heads of
+/// dimension 128) blocks of 3 + 3 heads measured slower than 4 + 2: 1.730 against 1.610 ms
+/// per step at 16 streams, 1.570 against 1.482 at 8 (NVIDIA H200).
+pub(super) fn att_half_heads(group: usize) -> usize {
+    group.div_ceil(2).next_power_of_two().min(group)
+}
+
+/// Query heads a block of a step of `rows` rows takes attention over: the fewest of
+/// `few`, `att_half_heads` and the group for which the step's blocks (rows ×
+/// key/value heads × blocks a group) fill at most half the `sms` multiprocessors. A block
+/// of a whole group leaves most of the GPU idle at a few streams (two blocks a token for
+/// Qwen2.5's two key/value heads); at many its blocks already fill it, and splitting the
+/// group only reads the keys and values again. Measured on an NVIDIA H200 (132
+/// multiprocessors; docs/draft-model.md, "Attention of a few streams over more blocks"):
+/// one head a block up to 4 streams, half a group at 8 and 16, whole groups at 32.
+pub(super) fn att_heads_for(
+    rows: usize,
+    kv_heads: usize,
+    group: usize,
+    few: Option<usize>,
+    sms: usize,
+) -> usize {
+    let Some(few) = few else { return group };
+    [few, att_half_heads(group)]
+        .into_iter()
+        .filter(|&h| h < group && rows * kv_heads * group.div_ceil(h) <= sms / 2)
+        .min()
+        .unwrap_or(group)
+}
+
+/// Warps of a tensor-core attention block (`attn_tc`; `SPECD_DRAFT_ATT_TC_WARPS`: 2, 4 or
+/// 8). Eight: 0.940 ms per step against 0.998 with four at 32 streams on the Qwen2.5-0.5B
+/// shape (NVIDIA H200).
+pub(super) fn att_tc_warps() -> usize {
+    std::env::var("SPECD_DRAFT_ATT_TC_WARPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| [2, 4, 8].contains(n))
+        .unwrap_or(8)
+}
+
+/// Decode steps of at least this many rows take attention on tensor cores (`attn_tc`),
+/// where the shape allows it: at most 8 query heads a key/value head, head_dim a multiple
+/// of 64, and its shared memory within the static limit (`SPECD_DRAFT_ATT_TC`: 0 off,
+/// N from N rows).
+pub(super) fn att_tc_min_rows(group: usize, head_dim: usize, warps: usize) -> Option<usize> {
+    let fits =
+        group <= 8 && head_dim % 64 == 0 && 4 * warps * group * (head_dim + 2) <= ATT_SHARED_MAX;
+    let rows = std::env::var("SPECD_DRAFT_ATT_TC")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(ATT_TC_MIN_ROWS);
+    (fits && rows > 0).then_some(rows)
+}
+
+/// Default of `att_tc_min_rows`: steps of two token tiles (17 to 32 streams). At 32 streams
+/// of 128-256 keys, 0.984-0.992 -> 0.940-0.956 ms per step on the Qwen2.5-0.5B shape; at
+/// 1 / 8 / 16 streams `attn_tc` everywhere measured 0.470 / 0.664 / 0.716 against 0.442 /
+/// 0.633 / 0.704 (NVIDIA H200, docs/draft-model.md "Decode attention on tensor cores").
+const ATT_TC_MIN_ROWS: usize = 17;
 
 /// Query heads of a group (of `group` sharing a key/value head) an `attn_few` block takes
 /// (`SPECD_DRAFT_ATT_HEADS`: 1 to `group`, default 1; 0 turns the split groups off, half
