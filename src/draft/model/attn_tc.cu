@@ -44,7 +44,7 @@ attn_tc(const u16* __restrict__ q, const u16* __restrict__ kc, const u16* __rest
     auto vrow = [&](int j) { return vc + (base + (size_t)j * NKV + kvh) * HD; };
     // In a decode step every row but the newest is older than the predecessor: the warp's
     // first chunk of keys and values is loaded before the wait, but for the newest row
-    // (L - 1), loaded after it. A lane's rows: keys c0 + 8n + g, values c0 + kr(k).
+    // (L - 1), loaded after it. A lane's rows: keys c0 + 8n + g, values vkey(c0, k).
     auto vkey = [&](int c0, int k) { return min(c0 + (k >> 1) * 8 + 2 * tig + (k & 1), j1 - 1); };
     int cf = j0 + 16 * warp;
     uint4 kv0[2][NB], vv0[4][VB];
