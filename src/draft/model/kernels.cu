@@ -145,14 +145,54 @@ extern "C" __global__ void embed_next(const int* __restrict__ prev, int* __restr
 }
 
 // out[r] = rmsnorm(x[rows ? rows[r] : r]) * w, rounded like the reference
-// (normalize in f32, round, multiply by the weight, round).
-extern "C" __global__ void rmsnorm(const u16* __restrict__ x, const u16* __restrict__ w,
-                                   u16* __restrict__ out, const int* __restrict__ rows) {
-    pdl_enter();
+// (normalize in f32, round, multiply by the weight, round). Blocks of RN_THREADS. Where
+// rows are whole 16-byte chunks, a thread holds its chunks of the row in registers from
+// the sum of squares to the write, and the weights' before the wait: one round trip to
+// memory instead of two passes of 2-byte loads.
+#define RN_THREADS 256
+extern "C" __global__ void __launch_bounds__(RN_THREADS)
+rmsnorm(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restrict__ out,
+        const int* __restrict__ rows) {
     __shared__ float red[32];
     int r = blockIdx.x;
-    int src = rows ? rows[r] : r;
-    const u16* xr = x + (size_t)src * HIDDEN;
+#if HIDDEN % 8 == 0
+    constexpr int NC = HIDDEN / 8, PER = (NC + RN_THREADS - 1) / RN_THREADS;
+    uint4 wv[PER], xv[PER];
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        int c = threadIdx.x + p * RN_THREADS;
+        wv[p] = c < NC ? ((const uint4*)w)[c] : make_uint4(0, 0, 0, 0);
+    }
+    pdl_enter();
+    const uint4* xr = (const uint4*)(x + (size_t)(rows ? rows[r] : r) * HIDDEN);
+    float ss = 0.f;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        int c = threadIdx.x + p * RN_THREADS;
+        xv[p] = c < NC ? xr[c] : make_uint4(0, 0, 0, 0);
+        float f[8];
+        unpack8(xv[p], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+    }
+    float inv = rsqrtf(block_sum(ss, red) / HIDDEN + EPS);
+    uint4* o = (uint4*)(out + (size_t)r * HIDDEN);
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        int c = threadIdx.x + p * RN_THREADS;
+        if (c >= NC) break;
+        float f[8], g[8];
+        u32 h[4];
+        unpack8(xv[p], f);
+        unpack8(wv[p], g);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            h[e] = (u32)from_f(g[2 * e] * rnd(f[2 * e] * inv)) | ((u32)from_f(g[2 * e + 1] * rnd(f[2 * e + 1] * inv)) << 16);
+        o[c] = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+#else
+    pdl_enter();
+    const u16* xr = x + (size_t)(rows ? rows[r] : r) * HIDDEN;
     float ss = 0.f;
     for (int i = threadIdx.x; i < HIDDEN; i += blockDim.x) {
         float v = to_f(xr[i]);
@@ -162,6 +202,7 @@ extern "C" __global__ void rmsnorm(const u16* __restrict__ x, const u16* __restr
     u16* o = out + (size_t)r * HIDDEN;
     for (int i = threadIdx.x; i < HIDDEN; i += blockDim.x)
         o[i] = from_f(to_f(w[i]) * rnd(to_f(xr[i]) * inv));
+#endif
 }
 
 #define QKV_DIM ((NH + 2 * NKV) * HD)
@@ -521,46 +562,69 @@ extern "C" __global__ void silu_mul(const u16* __restrict__ gu, u16* __restrict_
     }
 }
 
-// Greedy token and softmax probability in two passes: each of gridDim.y blocks of a row
-// reduces a slice to (max, first index of the max, sum of exp(l - max)); argmax_final
-// merges the slices. Logits are rounded to the model dtype first, as the reference
+// Greedy token and softmax probability: each of gridDim.y blocks of a row reduces a
+// slice to (max, first index of the max, sum of exp(l - max)) in one pass, the sum
+// rescaled whenever the max rises (as online softmax does); argmax_final merges the
+// slices. Slices start at multiples of 4, so rows of a vocabulary divisible by 4 are read
+// as 16-byte loads. Logits are rounded to the model dtype first, as the reference
 // computes them in it.
 #define AM_THREADS 256
+struct AmAcc {
+    float m, s;
+    int i;
+};
+__device__ __forceinline__ void am_add(AmAcc& a, float v, int i) {
+    if (v > a.m) {
+        a.s = (a.m == NEG_INF ? 0.f : a.s * __expf(a.m - v)) + 1.f;
+        a.m = v;
+        a.i = i;
+    } else if (v != NEG_INF) {
+        a.s += __expf(v - a.m);
+    }
+}
+__device__ __forceinline__ AmAcc am_merge(AmAcc a, AmAcc b) {
+    AmAcc r;
+    r.m = fmaxf(a.m, b.m);
+    r.i = a.m > b.m || (a.m == b.m && a.i < b.i) ? a.i : b.i;
+    r.s = r.m == NEG_INF ? 0.f : (a.m == NEG_INF ? 0.f : a.s * __expf(a.m - r.m)) + (b.m == NEG_INF ? 0.f : b.s * __expf(b.m - r.m));
+    return r;
+}
 extern "C" __global__ void __launch_bounds__(AM_THREADS)
 argmax_part(const float* __restrict__ logits, int V, float* __restrict__ part) {
     pdl_enter();
-    __shared__ float sv[AM_THREADS / 32];
-    __shared__ int si[AM_THREADS / 32];
-    __shared__ float red[32];
+    __shared__ AmAcc sa[AM_THREADS / 32];
     int r = blockIdx.x, b = blockIdx.y, nb = gridDim.y;
-    int chunk = (V + nb - 1) / nb;
-    int i0 = b * chunk, i1 = min(V, i0 + chunk);
+    int chunk = ((V + nb - 1) / nb + 3) & ~3;
+    int i0 = min(V, b * chunk), i1 = min(V, i0 + chunk);
     const float* l = logits + (size_t)r * V;
-    float best = NEG_INF;
-    int bi = 0x7fffffff;
-    for (int i = i0 + threadIdx.x; i < i1; i += AM_THREADS) {
-        float v = rnd(l[i]);
-        if (v > best) { best = v; bi = i; }
+    AmAcc acc = {NEG_INF, 0.f, 0x7fffffff};
+    int i = i0;
+    if ((V & 3) == 0) {
+        // Each thread takes every AM_THREADS-th quad in order, so its first maximum is
+        // its first index of it.
+        for (int q = i0 + 4 * threadIdx.x; q + 4 <= i1; q += 4 * AM_THREADS) {
+            float4 v = *(const float4*)(l + q);
+            am_add(acc, rnd(v.x), q);
+            am_add(acc, rnd(v.y), q + 1);
+            am_add(acc, rnd(v.z), q + 2);
+            am_add(acc, rnd(v.w), q + 3);
+        }
+        i = i0 + ((i1 - i0) & ~3);
     }
+    for (int k = i + threadIdx.x; k < i1; k += AM_THREADS) am_add(acc, rnd(l[k]), k);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        AmAcc other = {__shfl_xor_sync(0xffffffffu, acc.m, o), __shfl_xor_sync(0xffffffffu, acc.s, o),
+                       __shfl_xor_sync(0xffffffffu, acc.i, o)};
+        acc = am_merge(acc, other);
     }
-    if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+    if (lane == 0) sa[warp] = acc;
     __syncthreads();
-    best = sv[0]; bi = si[0];
-    for (int w = 1; w < AM_THREADS / 32; ++w)
-        if (sv[w] > best || (sv[w] == best && si[w] < bi)) { best = sv[w]; bi = si[w]; }
-    float s = 0.f;
-    if (best != NEG_INF)
-        for (int i = i0 + threadIdx.x; i < i1; i += AM_THREADS) s += __expf(rnd(l[i]) - best);
-    s = block_sum(s, red);
     if (threadIdx.x == 0) {
+        for (int w = 1; w < AM_THREADS / 32; ++w) acc = am_merge(acc, sa[w]);
         float* p = part + ((size_t)r * nb + b) * 3;
-        p[0] = best; p[1] = __int_as_float(bi); p[2] = s;
+        p[0] = acc.m; p[1] = __int_as_float(acc.i); p[2] = acc.s;
     }
 }
 

@@ -300,7 +300,28 @@ pub(super) const TC_TILES: [usize; 3] = [1, 2, 4];
 /// warp (RT), warps summing one tile's k blocks (S), tile groups per block (RG); a block has
 /// RG × S warps (<= 16).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct TcTune([[TcShape; TC_TILES.len()]; 5]);
+pub(super) struct TcTune {
+    shapes: [[TcShape; TC_TILES.len()]; 5],
+    /// How the tensor-core step computes the vocabulary projection.
+    pub(super) lm: LmPath,
+}
+
+/// The vocabulary projection of a tensor-core step (`SPECD_DRAFT_LM=fused|cublas`).
+///
+/// `tc_lm` normalizes its input on the fly: every warp applies the RMSNorm to each input
+/// fragment it loads, so at two token tiles it issues more instructions per weight byte
+/// than it can hide and streams the 272 MB of the Qwen2.5-0.5B shape's vocabulary
+/// projection at half the DRAM bandwidth (127 µs; Nsight Compute). cuBLAS after one
+/// `rmsnorm` streams it at about 80 %: 32 streams 0.958 / 0.962 -> 0.911 / 0.916 ms per
+/// step on that shape, 2 to 16 streams the same within 1-2 % on both shapes (measured on
+/// an NVIDIA H200; docs/draft-model.md, "The vocabulary projection on cuBLAS").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LmPath {
+    /// `tc_lm`, with the RMSNorm fused and the argmax partials in its epilogue.
+    Fused,
+    /// `rmsnorm`, cuBLAS and `argmax_part`, as steps on cuBLAS do.
+    Cublas,
+}
 
 /// (RT, S, RG) of one tensor-core kernel.
 type TcShape = (usize, usize, usize);
@@ -313,7 +334,7 @@ impl TcTune {
         // a warp's weights fit in registers before its wait (mma.cu's TC_ALLW; two tiles
         // over four warps before): 0.809 -> 0.765 ms per step at 16 streams on the 0.5B
         // shape, 1.868 -> 1.717 on the 1.5B shape (measured on an NVIDIA H200).
-        let mut t = Self([(1, 8, 1), (1, 8, 1), (1, 8, 1), (1, 16, 1), (4, 2, 2)].map(|v| [v; 3]));
+        let mut shapes = [(1, 8, 1), (1, 8, 1), (1, 8, 1), (1, 16, 1), (4, 2, 2)].map(|v| [v; 3]);
         // SPECD_DRAFT_TC_TUNE="down=1x8x2,lm@2=2x1x8" overrides them, for every tile count
         // or for steps of that many token tiles (`@2`: 17 to 32 streams).
         if let Ok(v) = std::env::var("SPECD_DRAFT_TC_TUNE") {
@@ -321,19 +342,23 @@ impl TcTune {
                 if let Some((i, tiles, tune)) = parse_tc_tune(item) {
                     for (j, tt) in TC_TILES.iter().enumerate() {
                         if tiles.is_none_or(|n| n == *tt) {
-                            t.0[i][j] = tune;
+                            shapes[i][j] = tune;
                         }
                     }
                 }
             }
         }
-        t
+        let lm = match std::env::var("SPECD_DRAFT_LM").as_deref() {
+            Ok("fused") => LmPath::Fused,
+            _ => LmPath::Cublas,
+        };
+        Self { shapes, lm }
     }
 
     /// (grid, threads) of `role` over `units` output units in a step of `tiles` token
     /// tiles (an index into `TC_TILES`).
     pub(super) fn launch(&self, role: TcRole, units: usize, tiles: usize) -> (u32, u32) {
-        let (rt, s, rg) = self.0[match role {
+        let (rt, s, rg) = self.shapes[match role {
             TcRole::QkvRope => TcRole::Qkv as usize,
             r => r as usize,
         }][tiles];
@@ -342,7 +367,7 @@ impl TcTune {
 
     pub(super) fn defines(&self) -> String {
         let mut out = String::new();
-        for (n, per_tiles) in ["QKV", "O", "GU", "DOWN", "LM"].iter().zip(self.0) {
+        for (n, per_tiles) in ["QKV", "O", "GU", "DOWN", "LM"].iter().zip(self.shapes) {
             for (tt, (rt, s, rg)) in TC_TILES.iter().zip(per_tiles) {
                 out += &format!(
                     "#define TC_{n}_RT{tt} {rt}\n#define TC_{n}_S{tt} {s}\n#define TC_{n}_RG{tt} {rg}\n"
