@@ -38,6 +38,17 @@ const MAX_CHAIN: usize = 8;
 /// Blocks per row of the two-pass greedy sampling.
 const ARGMAX_BLOCKS: usize = 64;
 
+/// (hidden size, head_dim, query heads, key/value heads, intermediate size).
+fn dims(c: &ModelConfig) -> (usize, usize, usize, usize, usize) {
+    (
+        c.hidden_size,
+        c.head_dim,
+        c.num_heads,
+        c.num_kv_heads,
+        c.intermediate_size,
+    )
+}
+
 fn derr(e: impl std::fmt::Debug) -> DraftError {
     DraftError::Model(format!("cuda: {e:?}"))
 }
@@ -268,13 +279,7 @@ use tune::{
 impl CudaEngine {
     pub fn load(l: CudaLoad<'_>) -> Result<Self, DraftError> {
         let c = l.cfg;
-        let (h, d, nh, nkv, inter) = (
-            c.hidden_size,
-            c.head_dim,
-            c.num_heads,
-            c.num_kv_heads,
-            c.intermediate_size,
-        );
+        let (h, d, nh, nkv, inter) = dims(c);
         if h % 8 != 0
             || d % 8 != 0
             || inter % 8 != 0

@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
-use super::{att_min_split, derr, CudaEngine, Input, Role, StepIo, ARGMAX_BLOCKS};
+use super::{att_min_split, derr, dims, CudaEngine, Input, Role, StepIo, ARGMAX_BLOCKS};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
@@ -82,13 +82,7 @@ impl CudaEngine {
     /// (RMSNorm) and epilogues (bias + rotation + cache write, SiLU·mul, residual add).
     fn encode_one(&self, splits: usize, io: StepIo) -> Result<(), DraftError> {
         let c = &self.cfg;
-        let (h, d, nh, nkv, inter) = (
-            c.hidden_size,
-            c.head_dim,
-            c.num_heads,
-            c.num_kv_heads,
-            c.intermediate_size,
-        );
+        let (h, d, nh, nkv, inter) = dims(c);
         let a = &self.a;
         let scale = 1f32 / (d as f32).sqrt();
         // The step's attention kernel and its blocks, the same in every layer.
@@ -248,13 +242,7 @@ impl CudaEngine {
         io: StepIo,
     ) -> Result<(), DraftError> {
         let c = &self.cfg;
-        let (h, d, nh, nkv, inter) = (
-            c.hidden_size,
-            c.head_dim,
-            c.num_heads,
-            c.num_kv_heads,
-            c.intermediate_size,
-        );
+        let (h, d, nh, nkv, inter) = dims(c);
         let a = &self.a;
         let ntu = nt as u32;
         let one = self.fused && nt == 1;

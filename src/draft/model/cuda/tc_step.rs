@@ -1,6 +1,6 @@
 //! The tensor-core decode step of 2..=64 tokens: queuing its kernels (`mma.cu`).
 
-use super::{CudaEngine, LmPath, StepIo, TcRole, ARGMAX_BLOCKS, TC_TILES};
+use super::{dims, CudaEngine, LmPath, StepIo, TcRole, ARGMAX_BLOCKS, TC_TILES};
 use crate::draft::DraftError;
 
 impl CudaEngine {
@@ -39,13 +39,7 @@ impl CudaEngine {
     /// the output projection) and zeroes `ss_mid`.
     pub(super) fn encode_tc(&self, nt: usize, splits: usize, io: StepIo) -> Result<(), DraftError> {
         let c = &self.cfg;
-        let (h, d, nh, nkv, inter) = (
-            c.hidden_size,
-            c.head_dim,
-            c.num_heads,
-            c.num_kv_heads,
-            c.intermediate_size,
-        );
+        let (h, d, nh, nkv, inter) = dims(c);
         let a = &self.a;
         let ntu = nt as u32;
         let decode = 1i32;
