@@ -147,8 +147,8 @@ extern "C" __global__ void embed_next(const int* __restrict__ prev, int* __restr
 // out[r] = rmsnorm(x[rows ? rows[r] : r]) * w, rounded like the reference
 // (normalize in f32, round, multiply by the weight, round). Blocks of RN_THREADS. Where
 // rows are whole 16-byte chunks, a thread holds its chunks of the row in registers from
-// the sum of squares to the write, and the weights' before the wait: one round trip to
-// memory instead of two passes of 2-byte loads.
+// the sum of squares to the write, and loads its chunks of the weights before the wait:
+// one round trip to memory instead of two passes of 2-byte loads.
 #define RN_THREADS 256
 extern "C" __global__ void __launch_bounds__(RN_THREADS)
 rmsnorm(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restrict__ out,
