@@ -185,7 +185,7 @@ impl CudaEngine {
 
     /// cuBLAS: y[n, o] (+)= x[n, k] · W[o, k]ᵀ
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm(
+    fn gemm(
         &self,
         w: u64,
         x: u64,
@@ -330,19 +330,21 @@ impl CudaEngine {
                 false,
             )?;
         }
-        // Final norm of the sampled rows, then the output projection.
-        launch!(self, &self.k.rmsnorm, (nr as u32, 1, 1), 256; a.x.p, self.norm, a.xs.p, a.rows)?;
-        self.gemm(
-            self.lm_head,
-            a.xs.p,
-            a.logits.p,
-            c.vocab_size,
-            h,
-            nr,
-            false,
-            true,
-        )?;
-        launch!(self, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, c.vocab_size as i32, a.am_part.p)?;
+        self.encode_lm_cublas(nr, a.rows, io)
+    }
+
+    /// The final RMSNorm of `nr` rows (`rows`: the sampled ones, 0: the first `nr`), the
+    /// vocabulary projection on cuBLAS and the two-pass argmax.
+    pub(super) fn encode_lm_cublas(
+        &self,
+        nr: usize,
+        rows: u64,
+        io: StepIo,
+    ) -> Result<(), DraftError> {
+        let (a, v, h) = (&self.a, self.cfg.vocab_size, self.cfg.hidden_size);
+        launch!(self, &self.k.rmsnorm, (nr as u32, 1, 1), 256; a.x.p, self.norm, a.xs.p, rows)?;
+        self.gemm(self.lm_head, a.xs.p, a.logits.p, v, h, nr, false, true)?;
+        launch!(self, &self.k.argmax_part, (nr as u32, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, v as i32, a.am_part.p)?;
         launch!(self, &self.k.argmax_final, (nr as u32, 1, 1), 32; a.am_part.p, ARGMAX_BLOCKS as i32, io.tok, io.prob)
     }
 

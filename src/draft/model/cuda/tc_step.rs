@@ -1,6 +1,6 @@
 //! The tensor-core decode step of 2..=64 tokens: queuing its kernels (`mma.cu`).
 
-use super::{dims, CudaEngine, LmPath, StepIo, TcRole, ARGMAX_BLOCKS, TC_TILES};
+use super::{dims, CudaEngine, LmPath, StepIo, TcRole, TC_TILES};
 use crate::draft::DraftError;
 
 impl CudaEngine {
@@ -129,33 +129,25 @@ impl CudaEngine {
 
     /// The tensor-core step's vocabulary projection and argmax (`LmPath`).
     fn encode_tc_lm(&self, nt: usize, ss_in: u64, io: StepIo) -> Result<(), DraftError> {
-        let (a, v, ntu) = (&self.a, self.cfg.vocab_size, nt as u32);
-        let nb = match self.tc_tune.lm {
-            LmPath::Cublas => {
-                launch!(self, &self.k.rmsnorm, (ntu, 1, 1), 256; a.x.p, self.norm, a.xs.p, 0u64)?;
-                let h = self.cfg.hidden_size;
-                self.gemm(self.lm_head, a.xs.p, a.logits.p, v, h, nt, false, true)?;
-                launch!(self, &self.k.argmax_part, (ntu, ARGMAX_BLOCKS as u32, 1), 256; a.logits.p, v as i32, a.am_part.p)?;
-                ARGMAX_BLOCKS as i32
-            }
-            LmPath::Fused => {
-                let (x, ss, none) = (a.x.p, (ss_in, 0, 0), (0, 0, 0));
-                self.tc_proj(
-                    TcRole::Lm,
-                    self.lm_head,
-                    x,
-                    self.norm,
-                    a.logits.p,
-                    v,
-                    false,
-                    nt,
-                    ss,
-                    none,
-                )?;
-                self.tc_tune.launch(TcRole::Lm, v, tc_tiles(nt)?).0 as i32
-            }
-        };
-        launch!(self, &self.k.argmax_final, (ntu, 1, 1), 32; a.am_part.p, nb, io.tok, io.prob)
+        if self.tc_tune.lm == LmPath::Cublas {
+            return self.encode_lm_cublas(nt, 0, io);
+        }
+        let (a, v) = (&self.a, self.cfg.vocab_size);
+        let none = (0, 0, 0);
+        self.tc_proj(
+            TcRole::Lm,
+            self.lm_head,
+            a.x.p,
+            self.norm,
+            a.logits.p,
+            v,
+            false,
+            nt,
+            (ss_in, 0, 0),
+            none,
+        )?;
+        let nb = self.tc_tune.launch(TcRole::Lm, v, tc_tiles(nt)?).0 as i32;
+        launch!(self, &self.k.argmax_final, (nt as u32, 1, 1), 32; a.am_part.p, nb, io.tok, io.prob)
     }
 }
 
