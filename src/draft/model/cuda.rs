@@ -217,6 +217,8 @@ pub struct CudaEngine {
     /// (`tune::tc_max_streams`; 0 where widths are not divisible by 32).
     tc_max: usize,
     tc_tune: TcTune,
+    /// Decode steps of tc_max+1..=64 tokens run these projections on the `tc_*` kernels.
+    mix: Mix,
     /// Per-token sums of squares of the residual stream for the tensor-core step's
     /// RMSNorms: [2][max_tokens], alternately written (embed, o / down projections) and
     /// read (q/k/v and output projections / gate/up).
@@ -268,12 +270,14 @@ macro_rules! launch {
 mod chain;
 mod exec;
 mod io;
+mod mixed;
 mod tc_step;
 mod tune;
 use tune::{
     att_few_heads, att_half_heads, att_heads_for, att_min_split, att_prefetch, att_shared_bytes,
     att_tc_min_rows, att_tc_warps, att_threads, kernel_source, splits_for, tc_max_streams,
-    GemvTune, LmPath, Role, TcRole, TcTune, ATT_SHARED_MAX, ROLE_KERNELS, TC_KERNELS, TC_TILES,
+    GemvTune, LmPath, Mix, MixRoles, Role, TcRole, TcTune, ATT_SHARED_MAX, ROLE_KERNELS,
+    TC_KERNELS, TC_TILES,
 };
 
 impl CudaEngine {
@@ -507,6 +511,12 @@ impl CudaEngine {
         } else {
             0
         };
+        // SPECD_DRAFT_TC=0 turns the tensor-core kernels off in every step.
+        let mix = if tc_max > 0 {
+            Mix::from_env()
+        } else {
+            Mix::NONE
+        };
         let ss = alloc::<f32>(&stream, 2 * max_tokens)?;
         stream.synchronize().map_err(derr)?;
         Ok(Self {
@@ -537,6 +547,7 @@ impl CudaEngine {
             tune,
             tc_max,
             tc_tune,
+            mix,
             ss,
             att_threads,
             att_few_heads,

@@ -465,3 +465,8 @@ TC_ALL(tc_o, NH * HD, 0, O, 0)
 TC_ALL(tc_gate_up, HIDDEN, 1, GU, 2)
 TC_ALL(tc_down, INTER, 0, DOWN, 0)
 TC_ALL(tc_lm, HIDDEN, 1, LM, 4)
+// Plain-input q/k/v and gate/up (an `rmsnorm` wrote the normalized rows) for the steps
+// that run the other projections on cuBLAS (`MixRoles`).
+TC_ALL(tc_qkv_n, HIDDEN, 0, QKV, 0)
+TC_ALL(tc_qkv_rope_n, HIDDEN, 0, QKV, 3)
+TC_ALL(tc_gate_up_n, HIDDEN, 0, GU, 2)

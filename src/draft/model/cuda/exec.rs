@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph};
 
-use super::{att_min_split, derr, dims, CudaEngine, Input, Role, StepIo, ARGMAX_BLOCKS};
+use super::{att_min_split, derr, dims, CudaEngine, Input, MixRoles, Role, StepIo, ARGMAX_BLOCKS};
 use crate::draft::model::batch::{Engine, RowStep, Sample};
 use crate::draft::DraftError;
 
@@ -156,7 +156,7 @@ impl CudaEngine {
 
     /// y[n, o] (+)= in(x)[n, k] · W[o, k]ᵀ, where `in` is `input` applied to x.
     #[allow(clippy::too_many_arguments)]
-    fn proj(
+    pub(super) fn proj(
         &self,
         w: u64,
         x: u64,
@@ -170,17 +170,24 @@ impl CudaEngine {
     ) -> Result<(), DraftError> {
         let x = match input {
             Input::Plain => x,
-            Input::Norm(nw) => {
-                launch!(self, &self.k.rmsnorm, (n as u32, 1, 1), 256; x, nw, self.a.h.p, 0u64)?;
-                self.a.h.p
-            }
-            Input::SiluMul => {
-                let blocks = (n * k).div_ceil(256).min(8 * self.sms) as u32;
-                launch!(self, &self.k.silu_mul, (blocks, 1, 1), 256; x, self.a.act.p, n as i32)?;
-                self.a.act.p
-            }
+            Input::Norm(nw) => self.norm_rows(x, nw, n)?,
+            Input::SiluMul => self.silu_mul(x, n, k)?,
         };
         self.gemm(w, x, y, o, k, n, accumulate, out_f32)
+    }
+
+    /// RMSNorm(x) · nw of `n` rows into `a.h`; returns its address.
+    pub(super) fn norm_rows(&self, x: u64, nw: u64, n: usize) -> Result<u64, DraftError> {
+        launch!(self, &self.k.rmsnorm, (n as u32, 1, 1), 256; x, nw, self.a.h.p, 0u64)?;
+        Ok(self.a.h.p)
+    }
+
+    /// silu(gate) · up of `n` rows of gate/up pairs `x` (`k` wide) into `a.act`; returns
+    /// its address.
+    pub(super) fn silu_mul(&self, x: u64, n: usize, k: usize) -> Result<u64, DraftError> {
+        let blocks = (n * k).div_ceil(256).min(8 * self.sms) as u32;
+        launch!(self, &self.k.silu_mul, (blocks, 1, 1), 256; x, self.a.act.p, n as i32)?;
+        Ok(self.a.act.p)
     }
 
     /// cuBLAS: y[n, o] (+)= x[n, k] · W[o, k]ᵀ
@@ -242,7 +249,7 @@ impl CudaEngine {
         io: StepIo,
     ) -> Result<(), DraftError> {
         let c = &self.cfg;
-        let (h, d, nh, nkv, inter) = dims(c);
+        let (_, d, _, _, _) = dims(c);
         let a = &self.a;
         let ntu = nt as u32;
         let one = self.fused && nt == 1;
@@ -270,25 +277,19 @@ impl CudaEngine {
         let scale = 1f32 / (d as f32).sqrt();
         // The step's attention kernel and its blocks, the same in every layer.
         let (att, hb, att_threads) = self.att(ntu as usize, decode == 1);
+        // Decode steps above the tensor-core step's size (up to 64 tokens) run some
+        // projections on its kernels (`Mix`).
+        let mix = if decode == 1 && nt >= 2 {
+            self.mix.roles(nt)
+        } else {
+            MixRoles::NONE
+        };
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (
                 self.kc.p + (i * self.layer_kv * 2) as u64,
                 self.vc.p + (i * self.layer_kv * 2) as u64,
             );
-            self.proj(
-                l.qkv,
-                a.x.p,
-                a.qkv.p,
-                (nh + 2 * nkv) * d,
-                h,
-                nt,
-                Input::Norm(l.ln1),
-                false,
-                false,
-            )?;
-            let head_blocks = (nh + 2 * nkv).div_ceil(8) as u32;
-            launch!(self, &self.k.qkv_post, (ntu, head_blocks, 1), 256;
-                a.qkv.p, l.qkv_bias, l.q_norm, l.k_norm, a.cos.p, a.sin.p, a.pos, a.slot, a.q.p, kc, vc)?;
+            self.encode_qkv(l, nt, mix.qkv, (kc, vc))?;
             let min_split = if decode == 1 {
                 self.att_split
             } else {
@@ -296,39 +297,8 @@ impl CudaEngine {
             };
             launch!(self, att, (ntu, hb, splits as u32), att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, min_split)?;
-            self.proj(
-                l.o,
-                a.attn.p,
-                a.x.p,
-                h,
-                nh * d,
-                nt,
-                Input::Plain,
-                true,
-                false,
-            )?;
-            self.proj(
-                l.gate_up,
-                a.x.p,
-                a.gu.p,
-                2 * inter,
-                h,
-                nt,
-                Input::Norm(l.ln2),
-                false,
-                false,
-            )?;
-            self.proj(
-                l.down,
-                a.gu.p,
-                a.x.p,
-                h,
-                inter,
-                nt,
-                Input::SiluMul,
-                true,
-                false,
-            )?;
+            self.encode_o(l, nt, mix.o)?;
+            self.encode_mlp(l, nt, mix)?;
         }
         self.encode_lm_cublas(nr, a.rows, io)
     }

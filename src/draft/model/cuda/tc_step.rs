@@ -8,7 +8,7 @@ impl CudaEngine {
     /// `ss`: the sums of squares it reads (RMSNorm), adds into (`accumulate`) and
     /// zeroes; `rope`: the bias and the key/value cache of `TcRole::QkvRope`.
     #[allow(clippy::too_many_arguments)]
-    fn tc_proj(
+    pub(super) fn tc_proj(
         &self,
         role: TcRole,
         w: u64,

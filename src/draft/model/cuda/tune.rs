@@ -283,16 +283,101 @@ pub(super) enum TcRole {
     /// q/k/v with the bias, rotation and cache write in the epilogue (no qk-norm); tuned
     /// as `Qkv`.
     QkvRope = 5,
+    /// `Qkv`, `QkvRope` and `GateUp` of rows an `rmsnorm` already normalized (`MixRoles`).
+    QkvPlain = 6,
+    QkvRopePlain = 7,
+    GateUpPlain = 8,
 }
 
-pub(super) const TC_KERNELS: [&str; 6] = [
+pub(super) const TC_KERNELS: [&str; 9] = [
     "tc_qkv",
     "tc_o",
     "tc_gate_up",
     "tc_down",
     "tc_lm",
     "tc_qkv_rope",
+    "tc_qkv_n",
+    "tc_qkv_rope_n",
+    "tc_gate_up_n",
 ];
+
+/// The projections a decode step of more streams than the tensor-core step takes
+/// (`tc_max_streams`, up to 64) runs on the tensor-core kernels, the others staying on
+/// cuBLAS: `SPECD_DRAFT_MIX=qkv,o,gate_up,down` (any of them, for every step size;
+/// `none`).
+///
+/// At 32 streams on the 1.5B shape cuBLAS's gate/up and down are faster than the
+/// tensor-core kernels, its q/k/v slower, and a q/k/v kernel that adds the bias, rotates
+/// and writes the cache saves `qkv_post`: 1.774-1.880 ms per step on cuBLAS alone,
+/// 1.699-1.705 with q/k/v on tensor cores, 1.667-1.683 with the output projection too.
+/// At 64 streams the output projection on tensor cores (four token tiles) gains nothing
+/// (1.5B 2.022-2.032 against 1.926-1.989 with q/k/v alone; 0.5B 1.109-1.173 against
+/// 1.091-1.094, cuBLAS alone 1.142-1.148). Measured on an NVIDIA H200, docs/draft-model.md,
+/// "A mixed step: q/k/v on tensor cores, the MLP on cuBLAS".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct MixRoles {
+    pub(super) qkv: bool,
+    pub(super) o: bool,
+    pub(super) gate_up: bool,
+    pub(super) down: bool,
+}
+
+/// `MixRoles` per token tile count (`TC_TILES`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Mix([MixRoles; TC_TILES.len()]);
+
+impl Mix {
+    pub(super) const NONE: Mix = Mix([MixRoles::NONE; TC_TILES.len()]);
+
+    pub(super) fn from_env() -> Self {
+        match std::env::var("SPECD_DRAFT_MIX") {
+            Ok(v) => Mix([MixRoles::parse(&v); TC_TILES.len()]),
+            Err(_) => {
+                let qkv_o = MixRoles {
+                    qkv: true,
+                    o: true,
+                    ..MixRoles::NONE
+                };
+                let qkv = MixRoles {
+                    qkv: true,
+                    ..MixRoles::NONE
+                };
+                Mix([qkv_o, qkv_o, qkv])
+            }
+        }
+    }
+
+    /// The roles of a decode step of `nt` tokens (none beyond 64).
+    pub(super) fn roles(&self, nt: usize) -> MixRoles {
+        TC_TILES
+            .iter()
+            .position(|&t| t * 16 >= nt)
+            .map_or(MixRoles::NONE, |i| self.0[i])
+    }
+}
+
+impl MixRoles {
+    pub(super) const NONE: MixRoles = MixRoles {
+        qkv: false,
+        o: false,
+        gate_up: false,
+        down: false,
+    };
+
+    fn parse(v: &str) -> Self {
+        let mut m = Self::NONE;
+        for r in v.split(',').map(str::trim) {
+            match r {
+                "qkv" => m.qkv = true,
+                "o" => m.o = true,
+                "gate_up" => m.gate_up = true,
+                "down" => m.down = true,
+                _ => {}
+            }
+        }
+        m
+    }
+}
 /// Token tiles (of 16) the `tc_*` kernels are compiled for: steps of up to 64 tokens.
 pub(super) const TC_TILES: [usize; 3] = [1, 2, 4];
 
@@ -359,7 +444,8 @@ impl TcTune {
     /// tiles (an index into `TC_TILES`).
     pub(super) fn launch(&self, role: TcRole, units: usize, tiles: usize) -> (u32, u32) {
         let (rt, s, rg) = self.shapes[match role {
-            TcRole::QkvRope => TcRole::Qkv as usize,
+            TcRole::QkvRope | TcRole::QkvPlain | TcRole::QkvRopePlain => TcRole::Qkv as usize,
+            TcRole::GateUpPlain => TcRole::GateUp as usize,
             r => r as usize,
         }][tiles];
         (units.div_ceil(rt * 8 * rg) as u32, (32 * s * rg) as u32)
