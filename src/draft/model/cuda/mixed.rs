@@ -48,18 +48,7 @@ impl CudaEngine {
         let (h, d, nh, _, _) = dims(&self.cfg);
         let a = &self.a;
         if tc {
-            return self.tc_proj(
-                TcRole::O,
-                l.o,
-                a.attn.p,
-                0,
-                a.x.p,
-                h,
-                true,
-                nt,
-                NO_SS,
-                NO_SS,
-            );
+            return self.tc_o(l.o, nt, NO_SS);
         }
         self.proj(
             l.o,

@@ -87,18 +87,7 @@ impl CudaEngine {
             }
             launch!(self, att, (ntu, hb, splits as u32), att_threads;
                 a.q.p, kc, vc, a.pos, a.slot, a.attn.p, a.part_o.p, a.part_ml.p, a.counters.p, scale, decode, self.att_split)?;
-            self.tc_proj(
-                TcRole::O,
-                l.o,
-                a.attn.p,
-                0,
-                a.x.p,
-                h,
-                true,
-                nt,
-                (0, ss_mid, ss_in),
-                none,
-            )?;
+            self.tc_o(l.o, nt, (0, ss_mid, ss_in))?;
             self.tc_proj(
                 TcRole::GateUp,
                 l.gate_up,
@@ -125,6 +114,13 @@ impl CudaEngine {
             )?;
         }
         self.encode_tc_lm(nt, ss_in, io)
+    }
+
+    /// The output projection `w` of `nt` tokens on tensor cores, added into the residual
+    /// stream; `ss` as `tc_proj`'s.
+    pub(super) fn tc_o(&self, w: u64, nt: usize, ss: (u64, u64, u64)) -> Result<(), DraftError> {
+        let (a, h) = (&self.a, self.cfg.hidden_size);
+        self.tc_proj(TcRole::O, w, a.attn.p, 0, a.x.p, h, true, nt, ss, (0, 0, 0))
     }
 
     /// The tensor-core step's vocabulary projection and argmax (`LmPath`).

@@ -310,10 +310,11 @@ pub(super) const TC_KERNELS: [&str; 9] = [
 /// tensor-core kernels, its q/k/v slower, and a q/k/v kernel that adds the bias, rotates
 /// and writes the cache saves `qkv_post`: 1.774-1.880 ms per step on cuBLAS alone,
 /// 1.699-1.705 with q/k/v on tensor cores, 1.667-1.683 with the output projection too.
-/// At 64 streams the output projection on tensor cores (four token tiles) gains nothing
-/// (1.5B 2.022-2.032 against 1.926-1.989 with q/k/v alone; 0.5B 1.109-1.173 against
-/// 1.091-1.094, cuBLAS alone 1.142-1.148). Measured on an NVIDIA H200, docs/draft-model.md,
-/// "A mixed step: q/k/v on tensor cores, the MLP on cuBLAS".
+/// At 33 to 64 streams (four token tiles) no mix won in every machine start: q/k/v alone
+/// measured 1.926-2.044 ms on the 1.5B shape against 1.919-2.024 on cuBLAS alone, and
+/// 1.049-1.094 on the 0.5B shape against 1.056-1.148; so those steps stay on cuBLAS.
+/// Measured on an NVIDIA H200, docs/draft-model.md, "A mixed step: q/k/v on tensor cores,
+/// the MLP on cuBLAS".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct MixRoles {
     pub(super) qkv: bool,
@@ -338,11 +339,7 @@ impl Mix {
                     o: true,
                     ..MixRoles::NONE
                 };
-                let qkv = MixRoles {
-                    qkv: true,
-                    ..MixRoles::NONE
-                };
-                Mix([qkv_o, qkv_o, qkv])
+                Mix([qkv_o, qkv_o, MixRoles::NONE])
             }
         }
     }
@@ -372,7 +369,8 @@ impl MixRoles {
                 "o" => m.o = true,
                 "gate_up" => m.gate_up = true,
                 "down" => m.down = true,
-                _ => {}
+                "none" | "" => {}
+                other => tracing::warn!(role = other, "SPECD_DRAFT_MIX: unknown projection"),
             }
         }
         m
