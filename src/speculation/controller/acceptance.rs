@@ -14,6 +14,13 @@ use crate::draft::DrafterKind;
 const RESIDUAL_SLOW: f64 = 0.05;
 const RESIDUAL_FAST: f64 = 0.3;
 const RESIDUAL_JUMP: f64 = 0.3;
+/// Standard deviations of the fast estimate's noise beyond which it replaces the slow one:
+/// more downwards than upwards. A fast estimate can fall far below the slow one (three
+/// rejections in a row take it about 0.5 down at p = 0.8) but rise only to 1 − p above
+/// it, so at 3 sigmas both ways chance runs of rejections snapped good streams down, and
+/// nothing snapped them back (docs/controller.md, "Guarantees": (a) 0.849 -> 0.897).
+const SNAP_UP_SIGMAS: f64 = 3.0;
+const SNAP_DOWN_SIGMAS: f64 = 4.0;
 
 /// Positions calibrated apart: every one K can reach (deeper ones share the last).
 const POSITIONS: usize = K_TRACKED;
@@ -120,10 +127,15 @@ impl AcceptanceModel {
             slow = slow.clamp(-1.0, 1.0);
             fast = fast.clamp(-1.0, 1.0);
             // Snap when the fast estimate is further off than its own noise allows
-            // (3 standard deviations of an EWMA of Bernoulli(p) outcomes).
+            // (standard deviations of an EWMA of Bernoulli(p) outcomes).
             let q = (base + slow).clamp(0.01, 0.99);
             let noise = (RESIDUAL_FAST / (2.0 - RESIDUAL_FAST) * q * (1.0 - q)).sqrt();
-            if (fast - slow).abs() > (3.0 * noise).max(RESIDUAL_JUMP) {
+            let sigmas = if fast < slow {
+                SNAP_DOWN_SIGMAS
+            } else {
+                SNAP_UP_SIGMAS
+            };
+            if (fast - slow).abs() > (sigmas * noise).max(RESIDUAL_JUMP) {
                 slow = fast;
             }
             d.learn(i, c, i < accepted);
