@@ -95,39 +95,18 @@ impl CudaEngine {
             )?;
             None
         };
-        match (mix.down, act) {
-            (true, act) => {
-                let act = match act {
-                    Some(p) => p,
-                    None => self.silu_mul(a.gu.p, nt, inter)?,
-                };
-                self.tc_proj(
-                    TcRole::Down,
-                    l.down,
-                    act,
-                    0,
-                    a.x.p,
-                    h,
-                    true,
-                    nt,
-                    NO_SS,
-                    NO_SS,
-                )
-            }
-            (false, Some(act)) => {
-                self.proj(l.down, act, a.x.p, h, inter, nt, Input::Plain, true, false)
-            }
-            (false, None) => self.proj(
-                l.down,
-                a.gu.p,
-                a.x.p,
-                h,
-                inter,
-                nt,
-                Input::SiluMul,
-                true,
-                false,
-            ),
+        if mix.down {
+            let act = match act {
+                Some(p) => p,
+                None => self.silu_mul(a.gu.p, nt, inter)?,
+            };
+            let (role, y) = (TcRole::Down, a.x.p);
+            return self.tc_proj(role, l.down, act, 0, y, h, true, nt, NO_SS, NO_SS);
         }
+        let (x, input) = match act {
+            Some(p) => (p, Input::Plain),
+            None => (a.gu.p, Input::SiluMul),
+        };
+        self.proj(l.down, x, a.x.p, h, inter, nt, input, true, false)
     }
 }
