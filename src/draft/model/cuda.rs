@@ -276,7 +276,7 @@ mod tune;
 use tune::{
     att_few_heads, att_half_heads, att_heads_for, att_min_split, att_prefetch, att_shared_bytes,
     att_tc_min_rows, att_tc_warps, att_threads, kernel_source, splits_for, tc_max_streams,
-    GemvTune, LmPath, Mix, MixRoles, Role, TcRole, TcTune, ATT_SHARED_MAX, ROLE_KERNELS,
+    tc_tiles, GemvTune, LmPath, Mix, MixRoles, Role, TcRole, TcTune, ATT_SHARED_MAX, ROLE_KERNELS,
     TC_KERNELS, TC_TILES,
 };
 

@@ -1,6 +1,6 @@
 //! The tensor-core decode step of 2..=64 tokens: queuing its kernels (`mma.cu`).
 
-use super::{dims, CudaEngine, LmPath, StepIo, TcRole, TC_TILES};
+use super::{dims, tc_tiles, CudaEngine, LmPath, StepIo, TcRole};
 use crate::draft::DraftError;
 
 impl CudaEngine {
@@ -145,12 +145,4 @@ impl CudaEngine {
         let nb = self.tc_tune.launch(TcRole::Lm, v, tc_tiles(nt)?).0 as i32;
         launch!(self, &self.k.argmax_final, (nt as u32, 1, 1), 32; a.am_part.p, nb, io.tok, io.prob)
     }
-}
-
-/// The index in `TC_TILES` of the fewest token tiles that hold `nt` tokens.
-fn tc_tiles(nt: usize) -> Result<usize, DraftError> {
-    TC_TILES
-        .iter()
-        .position(|&t| t * 16 >= nt)
-        .ok_or_else(|| DraftError::Model(format!("{nt} tokens for the tensor-core path")))
 }

@@ -315,7 +315,7 @@ pub(super) const TC_KERNELS: [&str; 9] = [
 /// 1.049-1.094 on the 0.5B shape against 1.056-1.148; so those steps stay on cuBLAS.
 /// Measured on an NVIDIA H200, docs/draft-model.md, "A mixed step: q/k/v on tensor cores,
 /// the MLP on cuBLAS".
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct MixRoles {
     pub(super) qkv: bool,
     pub(super) o: bool,
@@ -346,10 +346,7 @@ impl Mix {
 
     /// The roles of a decode step of `nt` tokens (none beyond 64).
     pub(super) fn roles(&self, nt: usize) -> MixRoles {
-        TC_TILES
-            .iter()
-            .position(|&t| t * 16 >= nt)
-            .map_or(MixRoles::NONE, |i| self.0[i])
+        tc_tiles(nt).map_or(MixRoles::NONE, |i| self.0[i])
     }
 }
 
@@ -378,6 +375,14 @@ impl MixRoles {
 }
 /// Token tiles (of 16) the `tc_*` kernels are compiled for: steps of up to 64 tokens.
 pub(super) const TC_TILES: [usize; 3] = [1, 2, 4];
+
+/// The index in `TC_TILES` of the fewest token tiles that hold `nt` tokens.
+pub(super) fn tc_tiles(nt: usize) -> Result<usize, DraftError> {
+    TC_TILES
+        .iter()
+        .position(|&t| t * 16 >= nt)
+        .ok_or_else(|| DraftError::Model(format!("{nt} tokens for the tensor-core path")))
+}
 
 /// Per tensor-core projection and token tile count (`TC_TILES`): tiles of 8 output units per
 /// warp (RT), warps summing one tile's k blocks (S), tile groups per block (RG); a block has
