@@ -34,7 +34,11 @@ pub(super) struct LoadTracker {
     /// relays (previous and current window, and when the current one began): what the
     /// upstream may have counted as ours when it was last read.
     verify_prompts: AtomicUsize,
-    verifies_started: AtomicU64,
+    /// Relays whose prompt the upstream has not computed yet (no token back): a step that
+    /// computes one costs every sequence beside it what a verify step does.
+    relay_starts: AtomicUsize,
+    /// Verify calls and relays started: changes whenever a prompt is sent.
+    prompts_started: AtomicU64,
     peak: Mutex<(usize, usize, Option<Instant>)>,
     /// Verify calls in flight and recently finished (see `batch_drafts`).
     calls: Mutex<VecDeque<Call>>,
@@ -49,7 +53,8 @@ impl Default for LoadTracker {
             active: AtomicUsize::new(0),
             relaying: AtomicUsize::new(0),
             verify_prompts: AtomicUsize::new(0),
-            verifies_started: AtomicU64::new(0),
+            relay_starts: AtomicUsize::new(0),
+            prompts_started: AtomicU64::new(0),
             peak: Mutex::new((0, 0, None)),
             calls: Mutex::default(),
             running: None,
@@ -67,14 +72,20 @@ impl LoadTracker {
     }
     pub(super) fn start_relay(&self, now: Instant) {
         self.relaying.fetch_add(1, Ordering::Relaxed);
+        self.relay_starts.fetch_add(1, Ordering::Relaxed);
+        self.prompts_started.fetch_add(1, Ordering::Relaxed);
         self.note_peak(now);
+    }
+    /// The relay's first token arrived (or it ended before one did): its prompt is done.
+    pub(super) fn relay_started(&self) {
+        self.relay_starts.fetch_sub(1, Ordering::Relaxed);
     }
     pub(super) fn end_relay(&self) {
         self.relaying.fetch_sub(1, Ordering::Relaxed);
     }
     /// A verify call of `prompts` prompts (drafts + 1) starts; returns its id.
     pub(super) fn start_verify(&self, prompts: usize, now: Instant) -> u64 {
-        let id = self.verifies_started.fetch_add(1, Ordering::Relaxed);
+        let id = self.prompts_started.fetch_add(1, Ordering::Relaxed);
         self.verify_prompts.fetch_add(prompts, Ordering::Relaxed);
         self.note_peak(now);
         if let Ok(mut g) = self.calls.lock() {
@@ -122,12 +133,13 @@ impl LoadTracker {
         (span > 0.0 && w > 0.0).then(|| sum / w)
     }
 
-    pub(super) fn verify_epoch(&self) -> u64 {
-        self.verifies_started.load(Ordering::Relaxed)
+    pub(super) fn prompt_epoch(&self) -> u64 {
+        self.prompts_started.load(Ordering::Relaxed)
     }
 
-    pub(super) fn verify_in_flight(&self) -> bool {
+    pub(super) fn prompt_in_flight(&self) -> bool {
         self.verify_prompts.load(Ordering::Relaxed) > 0
+            || self.relay_starts.load(Ordering::Relaxed) > 0
     }
 
     /// Streams in the session loop (speculating or relaying): those that can speculate.

@@ -303,10 +303,14 @@ impl Controller {
         Verifying(self.clone(), prompts, id)
     }
 
-    /// Marks the caller as relaying while the guard lives.
+    /// Marks the caller as relaying while the guard lives, its prompt in flight until
+    /// `Relaying::started`.
     pub fn relaying(self: &Arc<Self>) -> Relaying {
         self.load.start_relay(self.now());
-        Relaying(self.clone())
+        Relaying {
+            ctl: self.clone(),
+            starting: true,
+        }
     }
 
     /// Marks a decode-cost probe as relaying while the guard lives (the batch relays with it).
@@ -314,15 +318,17 @@ impl Controller {
         self.batch.probe()
     }
 
-    /// Changes whenever a verify call starts; with `verify_in_flight`, tells a relay
-    /// whether its tokens' gaps were those of plain decoding alone.
-    pub fn verify_epoch(&self) -> u64 {
-        self.load.verify_epoch()
+    /// Changes whenever a verify call or a relay starts; with `prompt_in_flight`, tells a
+    /// relay whether its tokens' gaps were those of plain decoding alone.
+    pub fn prompt_epoch(&self) -> u64 {
+        self.load.prompt_epoch()
     }
 
-    /// Whether any verify call of this server is at the upstream now.
-    pub fn verify_in_flight(&self) -> bool {
-        self.load.verify_in_flight()
+    /// Whether a prompt of this server is at the upstream now: a verify call, or a relay
+    /// that has no token back yet. Either makes the upstream's steps cost what a verify
+    /// step does.
+    pub fn prompt_in_flight(&self) -> bool {
+        self.load.prompt_in_flight()
     }
 
     /// Should this `auto` request run the session loop (see `watch.rs`)? False when recent
@@ -491,11 +497,24 @@ impl Drop for Verifying {
 }
 
 /// Marks a stream as relaying while it lives.
-pub struct Relaying(Arc<Controller>);
+pub struct Relaying {
+    ctl: Arc<Controller>,
+    starting: bool,
+}
+
+impl Relaying {
+    /// The relay's first token arrived: the upstream has computed its prompt.
+    pub fn started(&mut self) {
+        if std::mem::take(&mut self.starting) {
+            self.ctl.load.relay_started();
+        }
+    }
+}
 
 impl Drop for Relaying {
     fn drop(&mut self) {
-        self.0.load.end_relay();
+        self.started();
+        self.ctl.load.end_relay();
     }
 }
 

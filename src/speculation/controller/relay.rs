@@ -37,7 +37,7 @@ pub struct RelayTracker {
     /// checked alongside to keep their estimates current.
     others: Vec<(DrafterKind, Proposal, usize)>,
     /// Counts the stream as relaying at the upstream while the segment lives.
-    _relaying: Relaying,
+    relaying: Relaying,
     /// Held by a decode-cost probe until it has relayed `PROBE_TOKENS`.
     probe: Option<Probe>,
 }
@@ -58,14 +58,14 @@ impl RelayTracker {
             start,
             first_at: start,
             clean: 0,
-            epoch: ctl.verify_epoch(),
+            epoch: ctl.prompt_epoch(),
             window: (start, 0),
             relayed: 0,
             min_tokens: if probe { PROBE_TOKENS } else { 0 },
             drafters: vec![drafter],
             shadow: shadow.filter(|p| !p.tokens.is_empty()).map(|p| (p, 0)),
             others: Vec::new(),
-            _relaying: relaying,
+            relaying,
             probe: probe.then(|| ctl.probing()),
         }
     }
@@ -124,18 +124,19 @@ impl RelayTracker {
     }
 
     /// A token arrived at `now`: feed the decode-cost estimates. Gaps that overlapped a
-    /// verify call of this server are not plain decoding (a verify step slows every
-    /// sequence in the batch; that loss is charged to the round): such stretches are
-    /// skipped, and measuring starts over.
+    /// verify call of this server, or another relay's start, are not plain decoding (a
+    /// step that computes a prompt slows every sequence in the batch; a verify's loss is
+    /// charged to its round): such stretches are skipped, and measuring starts over.
     pub fn arrived(&mut self, ctl: &Controller, now: Instant) {
         self.relayed += 1;
         if self.relayed == 1 {
             ctl.record_relay_start(self.load, now.saturating_duration_since(self.start));
+            self.relaying.started();
             self.restart_clean(ctl, now);
             return;
         }
-        let epoch = ctl.verify_epoch();
-        if epoch != self.epoch || ctl.verify_in_flight() {
+        let epoch = ctl.prompt_epoch();
+        if epoch != self.epoch || ctl.prompt_in_flight() {
             self.restart_clean(ctl, now);
             return;
         }
@@ -155,7 +156,7 @@ impl RelayTracker {
     fn restart_clean(&mut self, ctl: &Controller, now: Instant) {
         self.first_at = now;
         self.clean = 0;
-        self.epoch = ctl.verify_epoch();
+        self.epoch = ctl.prompt_epoch();
         self.window = (now, 0);
     }
 

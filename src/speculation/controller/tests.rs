@@ -513,3 +513,40 @@ fn the_decode_cost_alone_is_the_one_the_full_cost_table_holds() {
         assert!(whole.is_some());
     }
 }
+
+/// Another stream's relay start is a prompt the upstream computes in this stream's steps,
+/// as a verify call is: the gaps it stretches are not plain decoding.
+#[test]
+fn a_relay_start_beside_a_relay_is_not_plain_decoding() {
+    for others_start in [false, true] {
+        let clock = Arc::new(VirtualClock::default());
+        let c = ctl_on(&clock);
+        let _me = c.enter();
+        let _other = c.enter();
+        let mut t = RelayTracker::new(&c, DrafterKind::Oracle, false, None, c.now());
+        let mut token = |gap_ms: f64| {
+            clock.advance(ms(gap_ms));
+            t.arrived(&c, c.now());
+        };
+        token(30.0);
+        token(12.0);
+        // The other stream's relay is sent; the step that computes its prompt takes 30 ms.
+        let mut other = others_start.then(|| c.relaying());
+        token(30.0);
+        if let Some(r) = other.as_mut() {
+            r.started();
+        }
+        for _ in 0..8 {
+            token(12.0);
+        }
+        let d = c.decode_cost_estimate(c.load()).unwrap_or(0.0);
+        if others_start {
+            assert!(
+                (d - 0.012).abs() < 1e-6,
+                "the prefill's gap was skipped: {d}"
+            );
+        } else {
+            assert!(d > 0.013, "a slow gap of its own is plain decoding: {d}");
+        }
+    }
+}
