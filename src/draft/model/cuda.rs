@@ -313,7 +313,7 @@ impl CudaEngine {
             )));
         }
         let tune = GemvTune::new(c);
-        let tc_tune = TcTune::from_env();
+        let tc_tune = TcTune::from_env(h);
         let att_few_heads = att_few_heads(group);
         let att_threads = att_threads(group, d);
         let att_tc_warps = att_tc_warps();

@@ -415,7 +415,8 @@ pub(super) enum LmPath {
 type TcShape = (usize, usize, usize);
 
 impl TcTune {
-    pub(super) fn from_env() -> Self {
+    /// The tuning for a model of width `hidden`, then `SPECD_DRAFT_TC_TUNE`'s overrides.
+    pub(super) fn from_env(hidden: usize) -> Self {
         // The output projection with four tiles a warp: ms per step at 8 / 32 streams
         // 0.950 / 1.487 -> 0.934 / 1.437 on the Qwen2.5-0.5B shape, 2.004 / 3.466 ->
         // 1.995 / 3.320 on the 1.5B shape. gate/up with one tile over eight warps, so that
@@ -423,6 +424,14 @@ impl TcTune {
         // over four warps before): 0.809 -> 0.765 ms per step at 16 streams on the 0.5B
         // shape, 1.868 -> 1.717 on the 1.5B shape (measured on an NVIDIA H200).
         let mut shapes = [(1, 8, 1), (1, 8, 1), (1, 8, 1), (1, 16, 1), (4, 2, 2)].map(|v| [v; 3]);
+        // q/k/v of two token tiles over sixteen warps where the tensor-core step takes 32
+        // streams: its 72 blocks (0.5B shape) fill 72 of the H200's 132 multiprocessors, so
+        // shorter chains of loads a warp count. 32 streams on the 0.5B shape: faster in 9 of
+        // 10 alternated pairs over two machine starts, by about 1 %; the 1.5B shape's mixed
+        // step about 0.6 % slower (measured on an NVIDIA H200; docs/draft-model.md).
+        if hidden <= TC_TWO_TILES_MAX_HIDDEN {
+            shapes[TcRole::Qkv as usize][1] = (1, 16, 1);
+        }
         // SPECD_DRAFT_TC_TUNE="down=1x8x2,lm@2=2x1x8" overrides them, for every tile count
         // or for steps of that many token tiles (`@2`: 17 to 32 streams).
         if let Ok(v) = std::env::var("SPECD_DRAFT_TC_TUNE") {
