@@ -172,7 +172,10 @@ async fn network_cut_mid_stream_then_recovery() {
         let (events, done) = r.rest().await;
         assert!(
             fwd.was_cut(),
-            "{mode}: the cut fired before the generation ended"
+            "{mode}: the cut fired before the generation ended (it ended after {} ms, {} events, done {done}; last: {:?})",
+            t.elapsed().as_millis(),
+            events.len(),
+            events.last()
         );
         assert!(done && !r.broken, "{mode}: ends with [DONE]");
         let (last, before) = events.split_last().expect("events");
