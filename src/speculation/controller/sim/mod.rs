@@ -310,10 +310,8 @@ fn the_controller_keeps_its_guarantees_in_every_scenario() {
             }
             // Where the best round gains less than a relay restart per few rounds, relaying
             // on after the spike is a sound decision, not an estimate stuck in the spike.
-            if let (Some(s), true) = (
-                r.auto.resume_after_spike,
-                r.best_static.1 >= RESUME_GAIN * r.plain,
-            ) {
+            let gains = r.best_static.1 >= RESUME_GAIN * r.plain;
+            if let Some(s) = r.auto.resume_after_spike.filter(|_| gains) {
                 resume.max(s, r);
             }
         }
