@@ -217,10 +217,13 @@ impl Controller {
             return Decision::Speculate(b.k);
         }
         s.streak = 0;
+        // Whether the decision hinges on T_dec is a question about the stream's recent
+        // rounds, not this one: one round's estimate dips with every run of rejected
+        // drafts, and each dip under `DEC_HINGES` cost a probe's relayed tokens.
+        let trend = s.speedup_trend.update(b.speedup(dec));
         // Near the end of a generation the round is short because the cap is, not because
         // speculation is marginal: that does not make T_dec worth a probe.
-        let hinges =
-            (b.speedup(dec) < DEC_HINGES || x.costs.dec_suspect) && remaining >= 2 * K_TRACKED;
+        let hinges = (trend < DEC_HINGES || x.costs.dec_suspect) && remaining >= 2 * K_TRACKED;
         let every = self.costs.decode_probe_every(hinges);
         if x.costs.dec_age > every.as_secs_f64()
             && self

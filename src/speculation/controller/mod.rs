@@ -76,10 +76,10 @@
 //!   by the next window, and re-probed as where the decision hinges on it.
 //! - T_ver(k), by the number of streams speculating at once, from every verify call (at
 //!   the drafts per call of the verify calls that shared its steps: a step costs what all
-//!   its drafts cost, whatever the stream's own K), and
-//!   the relay restart latency: low envelopes too, so one stalled call cannot switch
-//!   speculation off (the verify envelope, too, rises no faster than one stream's rounds
-//!   would raise it); a level's verify costs resting on fewer than 8 samples are
+//!   its drafts cost, whatever the stream's own K): a running quantile near the median
+//!   of the calls, unbiased by jitter, that one stalled call moves no more than any
+//!   other; the relay restart latency: a low envelope, so one stalled call cannot switch
+//!   speculation off; a level's verify costs resting on fewer than 8 samples are
 //!   re-probed proportionally sooner than the probe interval. Missing k are interpolated
 //!   from measured ones; a missing level borrows the nearest.
 //! - T_draft per drafter (times the share of drafts hidden behind verify calls by overlap).
@@ -120,8 +120,8 @@
 //! in `watch_every`, and one per probe interval, is still watched).
 //!
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
-//! the probe interval (a quarter of it where the decision hinges on T_dec: an estimated
-//! speedup under 1.2), one speculating stream relays a few tokens to re-measure it; when
+//! the probe interval (a quarter of it where the decision hinges on T_dec: the stream's
+//! estimated speedup, averaged over its recent rounds, under 1.2), one speculating stream relays a few tokens to re-measure it; when
 //! its verify cost is stale, one relaying stream runs a verify round if an optimistic
 //! estimate says it could pay — the older the estimate, the more optimistic (a verify
 //! cost measured in a load spike must not keep speculation off for good). A few rounds
@@ -202,6 +202,8 @@ pub struct StreamCtl {
     /// Decisions in a row that found the current mode worse than the other one, without
     /// enough gain yet to pay for switching (see `horizon`).
     streak: u32,
+    /// The estimated speedup of this stream's speculating rounds, smoothed.
+    speedup_trend: Trend,
     /// False for seeded sampled requests (see the module comment).
     pub may_relay: bool,
     rng: fastrand::Rng,
@@ -211,11 +213,29 @@ pub struct StreamCtl {
     pace: [pacing::Pace; DrafterKind::COUNT],
 }
 
+/// An exponential moving average over a stream's rounds (`TREND_ALPHA` a round), starting
+/// at its first value.
+#[derive(Debug, Default, Clone, Copy)]
+struct Trend(Option<f64>);
+
+/// Weight of a round in a [`Trend`]: about 30 rounds' memory.
+const TREND_ALPHA: f64 = 0.03;
+
+impl Trend {
+    /// Add a round's value; returns the average.
+    fn update(&mut self, x: f64) -> f64 {
+        let v = self.0.map_or(x, |v| v + TREND_ALPHA * (x - v));
+        self.0 = Some(v);
+        v
+    }
+}
+
 impl StreamCtl {
     pub fn new(may_relay: bool, seed: u64) -> Self {
         StreamCtl {
             residual: [Residual::default(); DrafterKind::COUNT],
             streak: 0,
+            speedup_trend: Trend::default(),
             may_relay,
             rng: fastrand::Rng::with_seed(seed),
             batch: None,

@@ -82,6 +82,41 @@ fn verify_cost_is_interpolated_and_extrapolated() {
     assert!((l.ver_at(0).unwrap_or(0.0) - 0.028).abs() < 1e-9);
 }
 
+/// Mean of an estimate's values over the last half of `n` jittered calls of 30 ms ± 30 %
+/// (one in fifty caught in a 200 ms stall, with `stalls`).
+fn settled(add: impl Fn(&mut costs::Ewma, f64), stalls: bool) -> f64 {
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut e = costs::Ewma::default();
+    let (n, mut sum) = (4000, 0.0);
+    for i in 0..n {
+        let x = if stalls && i % 50 == 49 {
+            0.2
+        } else {
+            0.030 * (0.7 + 0.6 * rng.f64())
+        };
+        add(&mut e, x);
+        if i >= n / 2 {
+            sum += e.get().unwrap_or(0.0);
+        }
+    }
+    sum / f64::from(n / 2)
+}
+
+#[test]
+fn the_verify_estimate_sits_near_the_median_under_jitter_and_stalls() {
+    let now = Instant::now();
+    let quantile = |e: &mut costs::Ewma, x| e.add_quantile(x, 0.45, now);
+    // Near the jittered calls' median (30 ms), with stalls or without.
+    for stalls in [false, true] {
+        let v = settled(quantile, stalls);
+        assert!((0.0285..0.0305).contains(&v), "{v}");
+    }
+    // A low envelope of the same calls sits near the fastest of them: under jitter alone,
+    // 0.8 of their mean, and speculation looked a quarter better than it was.
+    let low = settled(|e, x| e.add_low(x, now), false);
+    assert!(low < 0.9 * 0.030, "{low}");
+}
+
 #[test]
 fn speculates_when_it_pays_and_relays_when_not() {
     let c = ctl();
