@@ -17,8 +17,8 @@ const COST_ALPHA: f64 = 0.1;
 const LOW_FALL: f64 = 0.3;
 const LOW_RISE: f64 = 0.03;
 
-/// The share of verify samples the verify estimate sits above (`Ewma::add_quantile_paced`):
-/// near the median, so jitter in single calls does not bias it as it biases a low
+/// The share of verify samples the verify estimate sits above (`Ewma::add_quantile`): near
+/// the median, so jitter in single calls does not bias it as it biases a low
 /// envelope (under ±30 % jitter a low envelope sat near 0.8 of the mean, and speculation
 /// looked a quarter better than it was), and a stall moves it no more than any sample.
 const VER_QUANTILE: f64 = 0.45;

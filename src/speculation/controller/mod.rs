@@ -121,13 +121,14 @@
 //!
 //! Levels are powers of two. Estimates go stale: when a level's decode cost is older than
 //! the probe interval (a quarter of it where the decision hinges on T_dec: the stream's
-//! estimated speedup, averaged over its recent rounds, under 1.2), one speculating stream relays a few tokens to re-measure it; when
-//! its verify cost is stale, one relaying stream runs a verify round if an optimistic
-//! estimate says it could pay — the older the estimate, the more optimistic (a verify
-//! cost measured in a load spike must not keep speculation off for good). A few rounds
-//! try another K than the best (`explore`), so neighbouring K stay measured; the batch
-//! explores together (`Batch::explore`: beside the batch's steps one stream's other K
-//! would measure the batch's K, since a verify's time is recorded at it).
+//! estimated speedup, averaged over its recent rounds, under 1.2), one speculating stream
+//! relays a few tokens to re-measure it; when its verify cost is stale, one relaying
+//! stream runs a verify round if an optimistic estimate says it could pay — the older the
+//! estimate, the more optimistic (a verify cost measured in a load spike must not keep
+//! speculation off for good). A few rounds try another K than the best (`explore`), so
+//! neighbouring K stay measured; the batch explores together (`Batch::explore`: beside
+//! the batch's steps one stream's other K would measure the batch's K, since a verify's
+//! time is recorded at it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -82,7 +82,7 @@ fn verify_cost_is_interpolated_and_extrapolated() {
     assert!((l.ver_at(0).unwrap_or(0.0) - 0.028).abs() < 1e-9);
 }
 
-/// Mean of an estimate's values over the last half of `n` jittered calls of 30 ms ± 30 %
+/// Mean of an estimate's values over the second half of 4000 jittered calls of 30 ms ± 30 %
 /// (one in fifty caught in a 200 ms stall, with `stalls`).
 fn settled(add: impl Fn(&mut costs::Ewma, f64), stalls: bool) -> f64 {
     let mut rng = fastrand::Rng::with_seed(7);
