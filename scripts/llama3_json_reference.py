@@ -64,6 +64,10 @@ STREAM_TEXTS = [
     '{"name": 3, "arguments": {}}',
     '{"name": "f", "arguments": {"x": 1}',
     '{"name": "f", "arguments": {"city": "Os',
+    # Cut right after the name: `finalize_generation` appends `{}` only where the name
+    # goes out in the last step.
+    '{"name": "get_weather", "',
+    '{"name": "get_weather",',
     "{not json at all}",
     "plain answer, no call",
     "",
