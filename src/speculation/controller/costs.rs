@@ -85,10 +85,13 @@ impl Ewma {
         self.at = Some(now);
         if self.n == 1 {
             self.v = x;
-        } else if x > self.v {
-            self.v *= 1.0 + QUANTILE_STEP * q;
-        } else if x < self.v {
-            self.v *= 1.0 - QUANTILE_STEP * (1.0 - q);
+        } else {
+            let step = QUANTILE_STEP.max(0.2 / f64::from(self.n));
+            if x > self.v {
+                self.v *= 1.0 + step * q;
+            } else if x < self.v {
+                self.v *= 1.0 - step * (1.0 - q);
+            }
         }
     }
     pub(super) fn get(&self) -> Option<f64> {
@@ -338,11 +341,19 @@ impl CostModel {
     }
 
     /// A verify call of k drafts while `spec` streams speculated; returns the new T_ver(k).
-    pub(super) fn add_verify(&self, k: usize, spec: usize, secs: f64, now: Instant) -> Option<f64> {
+    /// Add a verify call's time; the estimate before it and after.
+    pub(super) fn add_verify(
+        &self,
+        k: usize,
+        spec: usize,
+        secs: f64,
+        now: Instant,
+    ) -> Option<(Option<f64>, f64)> {
         self.with_level(spec, |l| {
             let e = &mut l.ver[k.min(K_TRACKED)];
+            let before = e.get();
             e.add_quantile(secs, VER_QUANTILE, now);
-            e.v
+            (before, e.v)
         })
     }
 
@@ -472,16 +483,19 @@ impl CostModel {
 
     /// With no decode cost measured yet but a round that wins under any plausible one:
     /// whether the first decode probe may still wait. It waits a quarter of the probe
-    /// interval from the first such round at the level, so a short generation with
-    /// drafts that win by far never pays a probe's relay restart and decode steps (about
-    /// 5 % of a perfect-draft run in the harness), while a wrong guess costs at most that
-    /// quarter interval before the probe corrects it.
-    pub(super) fn defer_probe(&self, level_load: usize, now: Instant) -> bool {
+    /// interval from the first such round at the level, times `margin` (how many times
+    /// over the round wins at the cheapest plausible decode cost; 1 to 4), so a short
+    /// generation with drafts that win by far never pays a probe's relay restart and
+    /// decode steps (about 5 % of a perfect-draft run in the harness, three times that
+    /// in a load spike), while a wrong guess costs at most that wait before the probe
+    /// corrects it; the further the round wins, the less plausible a wrong guess.
+    pub(super) fn defer_probe(&self, level_load: usize, margin: f64, now: Instant) -> bool {
         let Ok(mut g) = self.levels.lock() else {
             return false;
         };
         let since = *g[level_of(level_load)].dec_deferred.get_or_insert(now);
-        now.saturating_duration_since(since) < self.probe_interval / 4
+        let wait = (self.probe_interval / 4).mul_f64(margin.clamp(1.0, 4.0));
+        now.saturating_duration_since(since) < wait
     }
 
     /// Claim a probe of a level: true for one caller per interval.
@@ -538,5 +552,25 @@ impl Costs {
     /// How much more than a decode step (re)starting a relay costs.
     pub(super) fn restart_extra(&self, dec: f64) -> f64 {
         self.restart.map_or(0.0, |r| (r - dec).max(0.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A K first timed by one fast call (a request's last round, cut short, that caught
+    /// the machine at its quickest) comes up to the cost of its calls within a dozen of
+    /// them; at the settled step alone it took over twenty.
+    #[test]
+    fn a_verify_estimate_moves_fast_while_its_samples_are_few() {
+        let now = Instant::now();
+        let mut e = Ewma::default();
+        e.add_quantile(0.023, VER_QUANTILE, now);
+        let calls = (0..13).take_while(|_| {
+            e.add_quantile(0.031, VER_QUANTILE, now);
+            e.v < 0.9 * 0.031
+        });
+        assert!(calls.count() < 13, "{}", e.v);
     }
 }

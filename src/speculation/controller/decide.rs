@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::batch::Weigh;
-use super::costs::{expected_tokens, Best, Costs, Probe, DEC_HINGES, STALE_TRUST};
+use super::costs::{expected_tokens, Best, Costs, Probe, DEC_HINGES, RATIO_MAX, STALE_TRUST};
 use super::{Controller, Decision, StreamCtl, K_TRACKED};
 use crate::config::SpecMode;
 use crate::draft::{DrafterKind, Proposal};
@@ -141,6 +141,15 @@ impl Controller {
         self.post(s, &x);
         let lo = usize::from(s.may_relay);
         let best = x.costs.best(&x.p, x.t_draft, lo, x.others, x.spec);
+        // How far the round wins under the cheapest plausible decode cost; near the end of
+        // a generation the round is short because the cap is, which says nothing of that.
+        let margin = |b: &Best| {
+            if remaining < 2 * K_TRACKED {
+                f64::INFINITY
+            } else {
+                b.tokens / RATIO_MAX
+            }
+        };
         match (x.costs.dec, best) {
             // Never measured a verify round: measure one if there is anything to verify.
             (_, None) if kp > 0 => Decision::Speculate(kp),
@@ -152,7 +161,7 @@ impl Controller {
                 if s.may_relay
                     && !self.batch.probing()
                     && b.wins_unmeasured(x.load)
-                    && self.costs.defer_probe(x.load, self.now()) =>
+                    && self.costs.defer_probe(x.load, margin(&b), self.now()) =>
             {
                 Decision::Speculate(b.k)
             }

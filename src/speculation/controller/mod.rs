@@ -212,7 +212,15 @@ pub struct StreamCtl {
     batch: Option<batch::Slot>,
     /// Per drafter, when it last drafted (see `pacing.rs`).
     pace: [pacing::Pace; DrafterKind::COUNT],
+    /// Seconds this request's verify calls took, and what the estimates said they would
+    /// take (over the calls that had an estimate).
+    verify_took: f64,
+    verify_expected: f64,
 }
+
+/// How much slower than expected a request's verify calls may run, all together, for its
+/// time to say whether speculating paid (see `Controller::plain_seconds`).
+const DISTURBED: f64 = 1.5;
 
 /// An exponential moving average over a stream's rounds (`TREND_ALPHA` a round), starting
 /// at its first value.
@@ -241,7 +249,23 @@ impl StreamCtl {
             rng: fastrand::Rng::with_seed(seed),
             batch: None,
             pace: Default::default(),
+            verify_took: 0.0,
+            verify_expected: 0.0,
         }
+    }
+
+    /// A verify call of this request took `took`; the estimate before it was `expected`.
+    pub fn note_verify(&mut self, took: Duration, expected: Option<f64>) {
+        if let Some(e) = expected {
+            self.verify_took += took.as_secs_f64();
+            self.verify_expected += e;
+        }
+    }
+
+    /// The request ran under load its cost estimates never saw: its verify calls took
+    /// `DISTURBED` times what they were expected to, or more (a load spike, stalls).
+    fn disturbed(&self) -> bool {
+        self.verify_took > DISTURBED * self.verify_expected && self.verify_expected > 0.0
     }
 
     fn residual(&self, drafter: DrafterKind) -> &Residual {
@@ -359,8 +383,15 @@ impl Controller {
     }
 
     /// Seconds plain decoding of `tokens` tokens takes at the current load, by the
-    /// measurements from relays: first-token latency, then a decode step per token.
-    pub fn plain_seconds(&self, tokens: u32) -> Option<f64> {
+    /// measurements from relays: first-token latency, then a decode step per token. None
+    /// for a request whose verify calls ran far slower than expected (`DISTURBED`): plain
+    /// decoding would have slowed as much, which the estimate, measured outside that load,
+    /// does not know (a request that spanned a load spike was judged slower than plain
+    /// decoding, and `auto` passed the next ones through while speculation paid).
+    pub fn plain_seconds(&self, s: &StreamCtl, tokens: u32) -> Option<f64> {
+        if s.disturbed() {
+            return None;
+        }
         let c = self.costs.costs(self.load(), 1, 0, self.now());
         let dec = c.dec?;
         Some(c.restart.unwrap_or(dec) + f64::from(tokens.saturating_sub(1)) * dec)
@@ -410,18 +441,20 @@ impl Controller {
     /// ended now (its `Verifying` guard dropped). Recorded as the cost of the drafts per
     /// call of the verify calls beside it: their steps cost what all their drafts cost, so
     /// a stream that verifies fewer drafts than the batch beside it pays the batch's step.
-    pub fn record_verify(&self, k: usize, spec: usize, dt: Duration) {
+    /// Returns the estimate the call was expected to take (None if there was none).
+    pub fn record_verify(&self, k: usize, spec: usize, dt: Duration) -> Option<f64> {
         let now = self.now();
         let k = self
             .load
             .batch_drafts(dt, now)
             .map_or(k, |m| m.round() as usize);
-        let v = self.costs.add_verify(k, spec, dt.as_secs_f64(), now);
-        if let (Some(m), Some(v)) = (&self.metrics, v) {
+        let (before, v) = self.costs.add_verify(k, spec, dt.as_secs_f64(), now)?;
+        if let Some(m) = &self.metrics {
             m.verify_cost
                 .with_label_values(&[K_LABELS[k.min(K_TRACKED)]])
                 .set(v);
         }
+        before
     }
 
     /// First token of a relay segment: the cost of (re)starting one.

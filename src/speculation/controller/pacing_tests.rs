@@ -69,7 +69,7 @@ fn relay(
     let mut drafts = [0; 2];
     for id in 0..tokens {
         clock.advance(Duration::from_secs_f64(DEC));
-        t.arrived(c, c.now());
+        t.arrived(c, c.now(), false);
         if !t.check(c, s, id) {
             continue;
         }

@@ -494,25 +494,33 @@ fn a_round_that_wins_by_far_defers_the_first_decode_probe() {
     let mut s = StreamCtl::new(true, 1);
     teach(&c, &mut s, 0.99, 0.9);
     c.record_verify(16, 1, ms(30.0));
-    let mut plan = |c: &Controller| {
+    let mut plan = |c: &Controller, remaining: usize| {
         c.plan_round(
             &mut s,
             SpecMode::Auto,
             DrafterKind::Oracle,
             &proposal(16, 0.9),
-            1000,
+            remaining,
         )
     };
     // No decode cost yet, but more tokens a round than a verify costs decode steps.
-    assert!(matches!(plan(&c), Decision::Speculate(k) if k > 6));
+    assert!(matches!(plan(&c, 1000), Decision::Speculate(k) if k > 6));
     let start = clock.now();
-    clock.advance_to(start + Duration::from_secs(2));
+    // A quarter interval for each time the round's 15.7 tokens hold the 6 that break even.
+    clock.advance_to(start + Duration::from_secs(6));
+    assert!(matches!(plan(&c, 1000), Decision::Speculate(_)), "deferred");
+    clock.advance_to(start + Duration::from_secs(9));
+    // Near the end of a generation the round is short because the cap is: up to the
+    // whole interval.
     assert!(
-        matches!(plan(&c), Decision::Speculate(_)),
-        "deferred for a quarter interval"
+        matches!(plan(&c, 20), Decision::Speculate(_)),
+        "deferred near the end"
     );
-    clock.advance_to(start + Duration::from_secs(3));
-    assert_eq!(plan(&c), Decision::Relay { probe: true }, "then measured");
+    assert_eq!(
+        plan(&c, 1000),
+        Decision::Relay { probe: true },
+        "then measured"
+    );
 
     // A step of 20 streams × 17 tokens may be compute-bound: no deferral there.
     let c = ctl();
@@ -561,7 +569,7 @@ fn a_relay_start_beside_a_relay_is_not_plain_decoding() {
         let mut t = RelayTracker::new(&c, DrafterKind::Oracle, false, None, c.now());
         let mut token = |gap_ms: f64| {
             clock.advance(ms(gap_ms));
-            t.arrived(&c, c.now());
+            t.arrived(&c, c.now(), false);
         };
         token(30.0);
         token(12.0);

@@ -258,6 +258,31 @@ mod tests {
         assert!((0..16).all(|_| w.admit(Instant::now())));
     }
 
+    /// A request that ran through a load spike is not judged: its verify calls took three
+    /// times their estimates, and plain decoding would have slowed as much.
+    #[test]
+    fn a_request_slowed_by_a_load_spike_is_not_judged() {
+        use super::super::{Controller, StreamCtl};
+        let c = Controller::default();
+        c.record_decode(1, 0.012);
+        for _ in 0..20 {
+            c.record_verify(8, 1, Duration::from_millis(30));
+        }
+        let (mut calm, mut spiked) = (StreamCtl::new(true, 1), StreamCtl::new(true, 2));
+        for took in [29, 31, 30, 32] {
+            let expected = c.record_verify(8, 1, Duration::from_millis(took));
+            calm.note_verify(Duration::from_millis(took), expected);
+        }
+        for took in [30, 90, 95, 88] {
+            // What the estimate said before each call, as the session records it.
+            let expected = c.verify_cost_estimate(8, 1);
+            spiked.note_verify(Duration::from_millis(took), expected);
+        }
+        let plain = c.plain_seconds(&calm, 100).unwrap_or(0.0);
+        assert!((plain - 100.0 * 0.012).abs() < 1e-9, "{plain}");
+        assert_eq!(c.plain_seconds(&spiked, 100), None);
+    }
+
     #[test]
     fn every_one_disables_passthrough() {
         let w = Watch::new(1, hour());

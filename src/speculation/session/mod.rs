@@ -174,7 +174,7 @@ fn record_request(l: &mut Driver<'_>, gen: &Generation<'_>, started: Instant) {
             tokens: gen.generated,
             speculated: gen.generated - l.stats.relay_tokens,
             seconds: started.elapsed().as_secs_f64(),
-            plain_seconds: d.controller.plain_seconds(gen.generated),
+            plain_seconds: d.controller.plain_seconds(&l.ctl, gen.generated),
         });
     }
 }

@@ -4,7 +4,7 @@
 //! when a fresh proposal is expected to pay, the stream is dropped (the upstream aborts
 //! the request) and speculation resumes from exactly the tokens emitted so far.
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 
 use super::driver::Driver;
 use crate::draft::Proposal;
@@ -49,7 +49,8 @@ pub(super) async fn relay(
                 sampling: &l.p.sampling,
                 max_tokens: gen.remaining(),
             })
-            .await?;
+            .await?
+            .peekable();
     // The counter is looked up once per segment, not per token.
     let relay_tokens = l.d.metrics.output_tokens.with_label_values(&["relay"]);
     let result = loop {
@@ -67,7 +68,13 @@ pub(super) async fn relay(
         };
         let s = item?;
         let id = s.id;
-        tracker.arrived(&ctl, now);
+        // Tokens already waiting behind this one came in the same delivery (a chunk of
+        // several, or chunks read together): the decode-cost windows end after them.
+        let more_waiting = std::pin::Pin::new(&mut stream)
+            .peek()
+            .now_or_never()
+            .is_some_and(|next| next.is_some());
+        tracker.arrived(&ctl, now, more_waiting);
         let before = gen.generated;
         let finish = l.emit(gen, std::iter::once(s)).await?;
         let relayed = gen.generated - before;

@@ -93,7 +93,8 @@ pub(super) async fn speculate(
         spec = v.spec,
         "round"
     );
-    l.d.controller.record_verify(k, v.spec, v.took);
+    let expected = l.d.controller.record_verify(k, v.spec, v.took);
+    l.ctl.note_verify(v.took, expected);
     if k > 0 {
         l.d.controller
             .observe_acceptance(&mut l.ctl, l.drafter, &proposal.confidence, n);

@@ -431,7 +431,8 @@ impl Sim<'_> {
     fn verified(&mut self, s: &mut Stream, p: Proposal, sent: Instant, spec: usize) -> Work {
         let k = p.tokens.len();
         let took = self.now().saturating_duration_since(sent);
-        self.ctl.record_verify(k, spec, took);
+        let expected = self.ctl.record_verify(k, spec, took);
+        s.req.ctl.note_verify(took, expected);
         let g = s.req.generated;
         let n = p
             .tokens
@@ -476,9 +477,9 @@ impl Sim<'_> {
                 held,
             };
         }
-        for _ in 0..held {
+        for i in 0..held {
             self.trace(s.req.generated, &"relayed");
-            t.arrived(&self.ctl, self.now());
+            t.arrived(&self.ctl, self.now(), i + 1 < held);
             let id = truth(s.req.generated);
             if !self.emit(s, 1, false) {
                 return self.finish_request(s);
@@ -517,15 +518,17 @@ impl Sim<'_> {
     fn finish_request(&mut self, s: &mut Stream) -> Work {
         let r = &s.req;
         if r.watched && matches!(self.mode, Mode::Auto(_)) {
-            self.ctl.record_auto(Watched {
+            let w = Watched {
                 tokens: r.generated,
                 speculated: r.generated - r.relayed,
                 seconds: self
                     .now()
                     .saturating_duration_since(r.started)
                     .as_secs_f64(),
-                plain_seconds: self.ctl.plain_seconds(r.generated),
-            });
+                plain_seconds: self.ctl.plain_seconds(&r.ctl, r.generated),
+            };
+            self.trace(r.generated, &w);
+            self.ctl.record_auto(w);
         }
         if let Some((at, _, _)) = self.sc.acceptance.change_at() {
             if r.watched && !r.switched && matches!(self.mode, Mode::Auto(_)) {
