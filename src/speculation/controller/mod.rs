@@ -27,7 +27,8 @@
 //! few such rounds save more than that extra cost. Before T_dec is measured, a stream
 //! relays to measure it, unless its round yields more tokens than a verify is believed to
 //! cost decode steps (`RATIO_MAX`, in a step small enough to stay memory-bound): then it
-//! speculates, and the probe waits a quarter of the probe interval. `on`
+//! speculates, and the probe waits a quarter of the probe interval for each time the
+//! round's tokens hold that bound, up to the whole interval. `on`
 //! verifies whatever the drafter proposed, up to the request's K. Seeded sampled requests
 //! never relay (a relay segment draws many positions from one random stream, so where it
 //! starts would change the output); they choose among k = 0..K, k = 0 being one plain
