@@ -78,6 +78,10 @@ impl Backend for Mock {
         let s = futures_util::stream::iter(toks).then(move |t| {
             let clock = clock.clone();
             async move {
+                // A token is not there before it is decoded: the first poll (the session
+                // asking whether one is already waiting) finds nothing, and its time
+                // passes when the session waits for it.
+                tokio::task::yield_now().await;
                 wait(clock.as_deref(), delay).await;
                 Ok(Sample::id(t))
             }
