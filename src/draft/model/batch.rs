@@ -46,7 +46,8 @@ pub trait Engine {
     fn max_len(&self) -> usize;
     /// Tokens one step may carry.
     fn max_step_tokens(&self) -> usize;
-    /// Decode steps one `decode_chain` call may run (1: the worker steps one at a time).
+    /// Decode steps one `decode_chain` or `decode_while` call may run (1: the worker
+    /// steps one at a time).
     fn max_chain(&self) -> usize {
         1
     }
@@ -60,6 +61,51 @@ pub trait Engine {
     ) -> Result<Vec<Vec<Sample>>, DraftError> {
         decode_step_by_step(self, rows, k)
     }
+    /// Decode steps of one-token rows, each feeding every row its own sample of the step
+    /// before, at most `max_steps`, until `more` returns false. `more` takes every step's
+    /// samples in order. An engine may have queued the step after the one for which
+    /// `more` returned false (so that the device never waits for the host); it passes
+    /// that step's samples too, and stops.
+    fn decode_while(
+        &mut self,
+        rows: &[RowStep<'_>],
+        max_steps: usize,
+        more: &mut dyn FnMut(&[Sample]) -> bool,
+    ) -> Result<(), DraftError> {
+        decode_while_step_by_step(self, rows, max_steps, more)
+    }
+}
+
+/// `Engine::decode_while` one step at a time.
+pub fn decode_while_step_by_step<E: Engine + ?Sized>(
+    engine: &mut E,
+    rows: &[RowStep<'_>],
+    max_steps: usize,
+    more: &mut dyn FnMut(&[Sample]) -> bool,
+) -> Result<(), DraftError> {
+    let mut fed: Vec<[u32; 1]> = rows
+        .iter()
+        .map(|r| [r.tokens.last().copied().unwrap_or_default()])
+        .collect();
+    for j in 0..max_steps {
+        let step: Vec<RowStep<'_>> = rows
+            .iter()
+            .zip(&fed)
+            .map(|(r, t)| RowStep {
+                slot: r.slot,
+                start: r.start + j,
+                tokens: t,
+            })
+            .collect();
+        let samples = engine.step(&step)?;
+        for (f, s) in fed.iter_mut().zip(&samples) {
+            f[0] = s.token;
+        }
+        if !more(&samples) {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// `Engine::decode_chain` as `k` single steps.
@@ -127,6 +173,8 @@ pub struct WorkerOptions {
 enum Want {
     Proposal(Reply<Proposal>),
     Logits(Reply<Vec<f32>>),
+    /// The proposal went out while its slot still rode along in a run of decode steps.
+    Replied,
 }
 
 impl Want {
@@ -134,12 +182,14 @@ impl Want {
         match self {
             Want::Proposal(r) => r.is_closed(),
             Want::Logits(r) => r.is_closed(),
+            Want::Replied => false,
         }
     }
     fn fail(self, e: DraftError) {
         match self {
             Want::Proposal(r) => drop(r.send(Err(e))),
             Want::Logits(r) => drop(r.send(Err(e))),
+            Want::Replied => {}
         }
     }
 }
@@ -171,8 +221,13 @@ pub fn run_worker(
     let mut table = SlotTable::new(engine.max_slots());
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: Vec<Active> = Vec::new();
+    // Messages taken while a run of decode steps asked whether any had arrived.
+    let mut stash: Vec<Msg> = Vec::new();
     let mut open = true;
     while open || !active.is_empty() || !waiting.is_empty() {
+        for m in stash.drain(..) {
+            handle(m, &mut waiting, &mut table, &*engine, &stats);
+        }
         // Block only when there is nothing to compute.
         if active.is_empty() && waiting.is_empty() {
             match rx.recv() {
@@ -215,7 +270,18 @@ pub fn run_worker(
             }
             continue;
         }
-        step(&mut *engine, &mut active, &mut table, &stats, opts);
+        let mut arrived = || {
+            stash.extend(rx.try_iter());
+            !stash.is_empty()
+        };
+        step(
+            &mut *engine,
+            &mut active,
+            &mut table,
+            &stats,
+            opts,
+            &mut arrived,
+        );
     }
     for job in waiting {
         job.want.fail(DraftError::Closed);
@@ -321,10 +387,14 @@ fn step(
     table: &mut SlotTable,
     stats: &Stats,
     opts: WorkerOptions,
+    arrived: &mut dyn FnMut() -> bool,
 ) {
-    let k = chain_len(engine, active);
+    if let Some(max_steps) = chain::run_len(engine, active, table) {
+        return chain::step_run(engine, active, table, stats, opts, max_steps, arrived);
+    }
+    let k = chain::chain_len(engine, active);
     if k > 1 {
-        return step_chain(engine, active, table, stats, opts, k);
+        return chain::step_chain(engine, active, table, stats, opts, k);
     }
     // Decode rows first (one token each), then prefill chunks within the budget.
     let mut budget = engine.max_step_tokens();
@@ -401,69 +471,6 @@ fn step(
     finish(active, table, &done, &logits);
 }
 
-/// Decode steps the next engine call may chain: only while a single proposal is in
-/// flight, feeding one token a step, and no more than it still wants. With several
-/// streams their requests arrive at different times, and a chain would hold a late one
-/// back by up to `k` steps (measured slower at 32 streams).
-fn chain_len(engine: &dyn Engine, active: &[Active]) -> usize {
-    match active {
-        [a] if a.pending.len() == 1 && matches!(a.want, Want::Proposal(_)) => engine
-            .max_chain()
-            .min(a.max_k.saturating_sub(a.out.tokens.len()))
-            .max(1),
-        _ => 1,
-    }
-}
-
-/// `k` decode steps in one engine call (one host synchronization); each job takes its
-/// samples in order as if they came one step at a time, until its proposal completes.
-fn step_chain(
-    engine: &mut dyn Engine,
-    active: &mut Vec<Active>,
-    table: &mut SlotTable,
-    stats: &Stats,
-    opts: WorkerOptions,
-    k: usize,
-) {
-    let rows: Vec<RowStep<'_>> = active
-        .iter()
-        .map(|a| RowStep {
-            slot: a.slot,
-            start: table.len(a.slot),
-            tokens: &a.pending,
-        })
-        .collect();
-    let t0 = Instant::now();
-    let result = engine.decode_chain(&rows, k);
-    drop(rows);
-    stats
-        .step_nanos
-        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    stats.steps.fetch_add(k as u64, Ordering::Relaxed);
-    let chains = match result {
-        Ok(c) => c,
-        Err(e) => return fail_all(active, table, e),
-    };
-    stats
-        .step_rows
-        .fetch_add((chains.len() * k) as u64, Ordering::Relaxed);
-    let mut done = Vec::new();
-    for (i, (a, samples)) in active.iter_mut().zip(chains).enumerate() {
-        for sample in samples {
-            table.commit(a.slot, &a.pending);
-            if a.out.tokens.is_empty() {
-                stats.prefill_tokens.fetch_add(1, Ordering::Relaxed);
-            }
-            a.pending.clear();
-            if push_sample(a, sample, opts, stats) {
-                done.push((i, None));
-                break;
-            }
-        }
-    }
-    finish(active, table, &done, &Ok(Vec::new()));
-}
-
 fn fail_all(active: &mut Vec<Active>, table: &mut SlotTable, e: DraftError) {
     tracing::error!(error = %e, "draft model step failed");
     for a in active.drain(..) {
@@ -505,6 +512,7 @@ fn finish(
             Want::Proposal(r) => {
                 let _ = r.send(Ok(a.out));
             }
+            Want::Replied => {}
             Want::Logits(r) => {
                 let res = match (logits, row) {
                     (Ok(l), Some(row)) => l
@@ -519,6 +527,9 @@ fn finish(
         }
     }
 }
+
+#[path = "batch_chain.rs"]
+mod chain;
 
 #[cfg(test)]
 #[path = "batch_tests.rs"]

@@ -147,3 +147,189 @@ async fn chained_steps_stop_where_single_steps_would_and_commit_what_was_kept() 
     drop(tx);
     worker.join().expect("worker ends");
 }
+
+/// Proposes `last + 1` with certainty and runs decode steps the way the CUDA engine
+/// does: the step after the current one is computed before `more` sees the current
+/// one's samples, so one step past a stop is passed on too. Each step sleeps `pause`.
+struct RunsAhead {
+    pause: Duration,
+    runs: Arc<AtomicU64>,
+}
+
+impl Engine for RunsAhead {
+    fn name(&self) -> &'static str {
+        "runs-ahead"
+    }
+    fn step(&mut self, rows: &[RowStep<'_>]) -> Result<Vec<Sample>, DraftError> {
+        std::thread::sleep(self.pause);
+        Ok(rows
+            .iter()
+            .map(|r| Sample {
+                token: r.tokens.last().map_or(0, |t| t + 1),
+                prob: 1.0,
+            })
+            .collect())
+    }
+    fn last_logits(&mut self) -> Result<Vec<Vec<f32>>, DraftError> {
+        Ok(Vec::new())
+    }
+    fn max_slots(&self) -> usize {
+        4
+    }
+    fn max_len(&self) -> usize {
+        4096
+    }
+    fn max_step_tokens(&self) -> usize {
+        64
+    }
+    fn max_chain(&self) -> usize {
+        4096
+    }
+    fn decode_while(
+        &mut self,
+        rows: &[RowStep<'_>],
+        max_steps: usize,
+        more: &mut dyn FnMut(&[Sample]) -> bool,
+    ) -> Result<(), DraftError> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        let next = |prev: &[Sample]| -> Vec<Sample> {
+            prev.iter()
+                .map(|s| Sample {
+                    token: s.token + 1,
+                    prob: 1.0,
+                })
+                .collect()
+        };
+        let mut current = self.step(rows)?;
+        for j in 0..max_steps {
+            let ahead = (j + 1 < max_steps).then(|| {
+                std::thread::sleep(self.pause);
+                next(&current)
+            });
+            if !more(&current) {
+                if let Some(a) = ahead {
+                    more(&a);
+                }
+                break;
+            }
+            match ahead {
+                Some(a) => current = a,
+                None => break,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn propose_for(
+    tx: &mpsc::Sender<Msg>,
+    stream: StreamId,
+    ctx: Vec<u32>,
+    k: usize,
+) -> oneshot::Receiver<Result<Proposal, DraftError>> {
+    let (reply, rx) = oneshot::channel();
+    let req = DraftRequest {
+        stream,
+        context: Arc::new(ctx),
+        prompt_len: 1,
+        max_k: k,
+    };
+    tx.send(Msg::Propose(req, reply)).expect("worker runs");
+    rx
+}
+
+fn spawn(engine: RunsAhead, rx: mpsc::Receiver<Msg>) -> (Arc<Stats>, std::thread::JoinHandle<()>) {
+    let stats = Arc::new(Stats::default());
+    let opts = WorkerOptions {
+        stop_below: 0.0,
+        vocab_limit: u32::MAX,
+    };
+    let worker = std::thread::spawn({
+        let stats = stats.clone();
+        move || run_worker(Box::new(engine), rx, stats, opts)
+    });
+    (stats, worker)
+}
+
+async fn answer(rx: oneshot::Receiver<Result<Proposal, DraftError>>) -> Proposal {
+    tokio::time::timeout(Duration::from_secs(60), rx)
+        .await
+        .expect("answered")
+        .expect("reply")
+        .expect("proposal")
+}
+
+#[tokio::test]
+async fn a_run_of_steps_answers_each_proposal_as_it_completes_and_keeps_what_it_fed() {
+    let runs = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = mpsc::channel();
+    // Queued before the worker starts: both streams prefill in one step, then their next
+    // proposals decode together.
+    let pre: Vec<_> = [1, 2]
+        .into_iter()
+        .map(|s| propose_for(&tx, s, vec![10 * s as u32, 10 * s as u32 + 1], 1))
+        .collect();
+    let a = propose_for(&tx, 1, vec![10, 11, 12], 3);
+    let b = propose_for(&tx, 2, vec![20, 21, 22], 9);
+    let (stats, worker) = spawn(
+        RunsAhead {
+            pause: Duration::ZERO,
+            runs: runs.clone(),
+        },
+        rx,
+    );
+    for p in pre {
+        answer(p).await;
+    }
+    let (a, b) = (answer(a).await, answer(b).await);
+    assert_eq!(a.tokens, vec![13, 14, 15]);
+    assert_eq!(b.tokens, (23..32).collect::<Vec<u32>>());
+    assert_eq!(
+        runs.load(Ordering::Relaxed),
+        1,
+        "the proposals ran together"
+    );
+    // Each slot holds its context and the drafts it fed, not the step run past `a`'s
+    // end: the next rounds reuse exactly those.
+    let reused = stats.reused_tokens.load(Ordering::Relaxed);
+    let a = answer(propose_for(&tx, 1, vec![10, 11, 12, 13, 14, 15], 2)).await;
+    let b = answer(propose_for(&tx, 2, (20..32).collect(), 2)).await;
+    assert_eq!((a.tokens, b.tokens), (vec![16, 17], vec![32, 33]));
+    assert_eq!(stats.reused_tokens.load(Ordering::Relaxed) - reused, 5 + 11);
+    drop(tx);
+    worker.join().expect("worker ends");
+}
+
+#[tokio::test]
+async fn a_request_arriving_during_a_run_joins_without_waiting_for_it_to_end() {
+    let (tx, rx) = mpsc::channel();
+    // Two long proposals run together (1000 steps, seconds)...
+    let long: Vec<_> = [1, 2]
+        .into_iter()
+        .map(|s| propose_for(&tx, s, vec![s as u32], 1000))
+        .collect();
+    let (stats, worker) = spawn(
+        RunsAhead {
+            pause: Duration::from_millis(2),
+            runs: Arc::new(AtomicU64::new(0)),
+        },
+        rx,
+    );
+    while stats.steps.load(Ordering::Relaxed) < 4 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // ...and a third stream's short one is answered while they still run.
+    let short = answer(propose_for(&tx, 3, vec![100], 2)).await;
+    assert_eq!(short.tokens, vec![101, 102]);
+    let mut long = long;
+    for rx in &mut long {
+        assert!(
+            matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)),
+            "the long proposals are still running"
+        );
+    }
+    drop(long);
+    drop(tx);
+    worker.join().expect("worker ends");
+    assert_eq!(stats.cancelled.load(Ordering::Relaxed), 2);
+}

@@ -428,4 +428,13 @@ impl Engine for CudaEngine {
     ) -> Result<Vec<Vec<Sample>>, DraftError> {
         self.chain_decode(rows, k)
     }
+
+    fn decode_while(
+        &mut self,
+        rows: &[RowStep<'_>],
+        max_steps: usize,
+        more: &mut dyn FnMut(&[Sample]) -> bool,
+    ) -> Result<(), DraftError> {
+        self.run_decode(rows, max_steps, more)
+    }
 }
