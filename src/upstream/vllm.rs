@@ -448,4 +448,95 @@ mod tests {
         assert!(parse_verify_response(&v, 3, false).is_err());
         assert!(parse_verify_response(&json!({"x": 1}), 1, false).is_err());
     }
+
+    /// A server that answers one request with SSE events written in the groups given, each
+    /// group one write (one HTTP chunk), the next group once `go` fires.
+    async fn sse_server(
+        groups: Vec<Vec<u32>>,
+        mut go: tokio::sync::mpsc::Receiver<()>,
+    ) -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match sock.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let _ = sock.write_all(head.as_bytes()).await;
+            for (i, ids) in groups.iter().enumerate() {
+                if i > 0 && go.recv().await.is_none() {
+                    return;
+                }
+                let mut events = String::new();
+                for id in ids {
+                    let c = json!({"choices": [{"index": 0, "text": "x", "token_ids": [id]}]});
+                    events.push_str(&format!("data: {c}\n\n"));
+                }
+                if i + 1 == groups.len() {
+                    events.push_str("data: [DONE]\n\n");
+                }
+                let chunk = format!("{:x}\r\n{events}\r\n", events.len());
+                let _ = sock.write_all(chunk.as_bytes()).await;
+            }
+            let _ = sock.write_all(b"0\r\n\r\n").await;
+        });
+        addr
+    }
+
+    /// The relay's delivery-to-delivery timing rests on this: the tokens of one read are
+    /// there at once when the next is peeked, a token not yet sent is not.
+    #[tokio::test]
+    async fn tokens_read_together_are_waiting_and_later_ones_are_not() {
+        let (tx, go) = tokio::sync::mpsc::channel(1);
+        let addr = sse_server(vec![vec![11, 12], vec![13]], go).await;
+        let url = format!("http://{addr}");
+        let args = <crate::config::ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
+            .try_get_matches_from(["t", "--upstream", url.as_str()])
+            .and_then(|m| <crate::config::ServeArgs as clap::FromArgMatches>::from_arg_matches(&m))
+            .expect("args");
+        let up = Arc::new(
+            Upstream::new(&args, Arc::new(crate::metrics::Metrics::new())).expect("client"),
+        );
+        let backend = VllmBackend::for_version(up, "0.32.0");
+        let sampling = Sampling::default();
+        let mut stream = backend
+            .relay_impl(RelayRequest {
+                model: "m",
+                context: &[1, 2, 3],
+                generated: 0,
+                sampling: &sampling,
+                max_tokens: 3,
+            })
+            .await
+            .expect("stream")
+            .peekable();
+        let id = |s: Option<Result<Sample, ApiError>>| s.and_then(Result::ok).map(|s| s.id);
+        let waiting = |s: &mut futures_util::stream::Peekable<SampleStream>| {
+            std::pin::Pin::new(s)
+                .peek()
+                .now_or_never()
+                .is_some_and(|n| n.is_some())
+        };
+        assert_eq!(id(stream.next().await), Some(11));
+        assert!(
+            waiting(&mut stream),
+            "the second token of the read is waiting"
+        );
+        assert_eq!(id(stream.next().await), Some(12));
+        assert!(!waiting(&mut stream), "the third token is not sent yet");
+        tx.send(()).await.expect("server waits");
+        assert_eq!(id(stream.next().await), Some(13));
+        assert!(stream.next().await.is_none());
+    }
 }
