@@ -246,7 +246,7 @@ pub struct CudaEngine {
     chain: usize,
     /// Graphs of `k` chained decode steps per (batch bucket, k).
     chain_graphs: HashMap<(usize, usize), CudaGraph>,
-    run: Option<chain::RunState>,
+    run: chain::Runs,
     h_ids: Vec<i32>,
     h_pos: Vec<i32>,
     h_slot: Vec<i32>,
@@ -571,7 +571,7 @@ impl CudaEngine {
                 .min(l.max_len)
                 .max(1),
             chain_graphs: HashMap::new(),
-            run: None,
+            run: chain::Runs::default(),
             h_ids: Vec::new(),
             h_pos: Vec::new(),
             h_slot: Vec::new(),

@@ -19,6 +19,16 @@ use super::{derr, CudaEngine, StepIo, MAX_CHAIN};
 use crate::draft::model::batch::{decode_step_by_step, decode_while_step_by_step, RowStep, Sample};
 use crate::draft::DraftError;
 
+/// Runs of decode steps: not yet prepared, ready, or off after their preparation failed
+/// (then steps go one at a time, as before runs existed).
+#[derive(Default)]
+pub(super) enum Runs {
+    #[default]
+    Unprepared,
+    Ready(RunState),
+    Off,
+}
+
 /// What runs of decode steps need beyond the single-step graphs, made at the first run.
 pub(super) struct RunState {
     /// Copies the samples of finished steps to the host beside the next step.
@@ -133,7 +143,13 @@ impl CudaEngine {
             return decode_while_step_by_step(self, rows, max_steps, more);
         };
         self.check_rows(rows)?;
-        self.prepare_run(n, k)?;
+        if let Err(e) = self.prepare_run(n, k) {
+            tracing::warn!(error = %e, "decode runs unavailable; stepping one token at a time");
+            self.run = Runs::Off;
+        }
+        if !matches!(self.run, Runs::Ready(_)) {
+            return decode_while_step_by_step(self, rows, max_steps, more);
+        }
         self.stage(rows, n);
         self.upload_inputs(n, n)?;
         self.last_rows = rows.len();
@@ -157,7 +173,10 @@ impl CudaEngine {
     }
 
     fn prepare_run(&mut self, n: usize, k: usize) -> Result<(), DraftError> {
-        if self.run.is_none() {
+        if matches!(self.run, Runs::Off) {
+            return Ok(());
+        }
+        if matches!(self.run, Runs::Unprepared) {
             let ctx = self.stream.context();
             let events = || {
                 (0..MAX_CHAIN)
@@ -165,7 +184,7 @@ impl CudaEngine {
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(derr)
             };
-            self.run = Some(RunState {
+            self.run = Runs::Ready(RunState {
                 copy: ctx.new_stream().map_err(derr)?,
                 // SAFETY: only read after a copy into it has completed.
                 host: unsafe { ctx.alloc_pinned::<u32>(2 * MAX_CHAIN * self.max_rows) }
@@ -177,13 +196,10 @@ impl CudaEngine {
         }
         // Captured before any step of the run is queued.
         for j in 0..k {
-            let have = self
-                .run
-                .as_ref()
-                .is_some_and(|r| r.graphs.contains_key(&(n, j)));
+            let have = matches!(&self.run, Runs::Ready(r) if r.graphs.contains_key(&(n, j)));
             if !have {
                 let g = self.capture_chain(n, j..j + 1)?;
-                if let Some(r) = self.run.as_mut() {
+                if let Runs::Ready(r) = &mut self.run {
                     r.graphs.insert((n, j), g);
                 }
             }
@@ -193,7 +209,7 @@ impl CudaEngine {
 
     /// Queue step `j` of a run, then the copy of its samples on the copy stream.
     fn launch_run_step(&self, n: usize, j: usize) -> Result<(), DraftError> {
-        let (Some(r), m) = (self.run.as_ref(), self.max_rows) else {
+        let (Runs::Ready(r), m) = (&self.run, self.max_rows) else {
             return Err(DraftError::Model("decode run not prepared".into()));
         };
         let g = r
@@ -218,7 +234,7 @@ impl CudaEngine {
 
     /// Wait for step `j`'s samples and read the first `rows` of them.
     fn run_samples(&self, j: usize, rows: usize, out: &mut Vec<Sample>) -> Result<(), DraftError> {
-        let Some(r) = self.run.as_ref() else {
+        let Runs::Ready(r) = &self.run else {
             return Err(DraftError::Model("decode run not prepared".into()));
         };
         r.copied[j].synchronize().map_err(derr)?;
