@@ -46,26 +46,15 @@ pub trait Engine {
     fn max_len(&self) -> usize;
     /// Tokens one step may carry.
     fn max_step_tokens(&self) -> usize;
-    /// Decode steps one `decode_chain` or `decode_while` call may run (1: the worker
-    /// steps one at a time).
+    /// Decode steps one `decode_while` call may run (1: the worker steps one at a time).
     fn max_chain(&self) -> usize {
         1
     }
-    /// `k` decode steps: every row feeds its one token, then its own greedy sample of the
-    /// step before. Returns each row's `k` samples; the keys/values of all `k` fed tokens
-    /// are written (the caller commits as many as it keeps).
-    fn decode_chain(
-        &mut self,
-        rows: &[RowStep<'_>],
-        k: usize,
-    ) -> Result<Vec<Vec<Sample>>, DraftError> {
-        decode_step_by_step(self, rows, k)
-    }
     /// Decode steps of one-token rows, each feeding every row its own sample of the step
     /// before, at most `max_steps`, until `more` returns false. `more` takes every step's
-    /// samples in order. An engine may have queued the step after the one for which
-    /// `more` returned false (so that the device never waits for the host); it passes
-    /// that step's samples too, and stops.
+    /// samples in order. An engine may have queued steps after the one for which `more`
+    /// returned false (so that the device never waits for the host); it passes their
+    /// samples too, and stops.
     fn decode_while(
         &mut self,
         rows: &[RowStep<'_>],
@@ -106,36 +95,6 @@ pub fn decode_while_step_by_step<E: Engine + ?Sized>(
         }
     }
     Ok(())
-}
-
-/// `Engine::decode_chain` as `k` single steps.
-pub fn decode_step_by_step<E: Engine + ?Sized>(
-    engine: &mut E,
-    rows: &[RowStep<'_>],
-    k: usize,
-) -> Result<Vec<Vec<Sample>>, DraftError> {
-    let mut out: Vec<Vec<Sample>> = vec![Vec::with_capacity(k); rows.len()];
-    let mut fed: Vec<[u32; 1]> = rows
-        .iter()
-        .map(|r| [r.tokens.last().copied().unwrap_or_default()])
-        .collect();
-    for j in 0..k {
-        let step: Vec<RowStep<'_>> = rows
-            .iter()
-            .zip(&fed)
-            .map(|(r, t)| RowStep {
-                slot: r.slot,
-                start: r.start + j,
-                tokens: t,
-            })
-            .collect();
-        let samples = engine.step(&step)?;
-        for ((o, f), s) in out.iter_mut().zip(&mut fed).zip(samples) {
-            f[0] = s.token;
-            o.push(s);
-        }
-    }
-    Ok(out)
 }
 
 type Reply<T> = oneshot::Sender<Result<T, DraftError>>;
@@ -391,10 +350,6 @@ fn step(
 ) {
     if let Some(max_steps) = chain::run_len(engine, active, table) {
         return chain::step_run(engine, active, table, stats, opts, max_steps, arrived);
-    }
-    let k = chain::chain_len(engine, active);
-    if k > 1 {
-        return chain::step_chain(engine, active, table, stats, opts, k);
     }
     // Decode rows first (one token each), then prefill chunks within the budget.
     let mut budget = engine.max_step_tokens();

@@ -1,85 +1,28 @@
-//! Decode steps in one engine call: a chain of `k` steps for a single proposal, and runs
-//! of steps for several proposals that stop as soon as the batch changes.
+//! Runs of decode steps in one engine call, which stop as soon as the batch changes.
 
 use super::*;
 
-/// Decode steps the next engine call may chain for a single proposal in flight, feeding
-/// one token a step, no more than it still wants (1: no chain).
-pub(super) fn chain_len(engine: &dyn Engine, active: &[Active]) -> usize {
-    match active {
-        [a] if a.pending.len() == 1 && matches!(a.want, Want::Proposal(_)) => engine
-            .max_chain()
-            .min(a.max_k.saturating_sub(a.out.tokens.len()))
-            .max(1),
-        _ => 1,
-    }
-}
-
-/// `k` decode steps in one engine call (one host synchronization); each job takes its
-/// samples in order as if they came one step at a time, until its proposal completes.
-pub(super) fn step_chain(
-    engine: &mut dyn Engine,
-    active: &mut Vec<Active>,
-    table: &mut SlotTable,
-    stats: &Stats,
-    opts: WorkerOptions,
-    k: usize,
-) {
-    let rows: Vec<RowStep<'_>> = active
-        .iter()
-        .map(|a| RowStep {
-            slot: a.slot,
-            start: table.len(a.slot),
-            tokens: &a.pending,
-        })
-        .collect();
-    let t0 = Instant::now();
-    let result = engine.decode_chain(&rows, k);
-    drop(rows);
-    stats
-        .step_nanos
-        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    stats.steps.fetch_add(k as u64, Ordering::Relaxed);
-    let chains = match result {
-        Ok(c) => c,
-        Err(e) => return fail_all(active, table, e),
-    };
-    stats
-        .step_rows
-        .fetch_add((chains.len() * k) as u64, Ordering::Relaxed);
-    let mut done = Vec::new();
-    for (i, (a, samples)) in active.iter_mut().zip(chains).enumerate() {
-        for sample in samples {
-            table.commit(a.slot, &a.pending);
-            if a.out.tokens.is_empty() {
-                stats.prefill_tokens.fetch_add(1, Ordering::Relaxed);
-            }
-            a.pending.clear();
-            if push_sample(a, sample, opts, stats) {
-                done.push((i, None));
-                break;
-            }
-        }
-    }
-    finish(active, table, &done, &Ok(Vec::new()));
-}
-
-/// Steps a run of decode steps may take (None: no run): with several proposals in flight,
-/// each feeding one token, as many as fit every slot's positions and the engine's chain.
+/// Steps a run of decode steps may take (None: no run): while every job in flight is a
+/// proposal feeding one token, as many as fit every slot's positions and the engine's
+/// chain, and no more than the proposal wanting the most still wants.
 pub(super) fn run_len(engine: &dyn Engine, active: &[Active], table: &SlotTable) -> Option<usize> {
     let decoding = |a: &Active| a.pending.len() == 1 && matches!(a.want, Want::Proposal(_));
-    if active.len() < 2 || !active.iter().all(decoding) {
+    if active.is_empty() || !active.iter().all(decoding) {
         return None;
     }
     let room = active
         .iter()
         .map(|a| engine.max_len().saturating_sub(table.len(a.slot)))
         .min()?;
-    let k = engine.max_chain().min(room);
+    let wanted = active
+        .iter()
+        .map(|a| a.max_k.saturating_sub(a.out.tokens.len()))
+        .max()?;
+    let k = engine.max_chain().min(room).min(wanted);
     (k >= 2).then_some(k)
 }
 
-/// Decode steps for several proposals, back to back: the engine keeps the next step
+/// Decode steps for the proposals in flight, back to back: the engine keeps the next step
 /// queued while the host takes a step's samples, so the device does not wait for the
 /// host between tokens. A proposal that completes is answered at once; the run stops at
 /// the first completion, cancellation or arriving message (the step already queued then

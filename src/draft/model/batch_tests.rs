@@ -82,7 +82,7 @@ async fn a_cancelled_job_does_not_block_its_streams_next_request() {
     worker.join().expect("worker ends");
 }
 
-/// Proposes `last + 1` with probability 0.5 and chains up to 4 decode steps (by the
+/// Proposes `last + 1` with probability 0.5 and runs up to 4 decode steps a call (by the
 /// trait's step-by-step default).
 struct Chaining;
 
@@ -117,7 +117,7 @@ impl Engine for Chaining {
 }
 
 #[tokio::test]
-async fn chained_steps_stop_where_single_steps_would_and_commit_what_was_kept() {
+async fn a_run_stops_where_single_steps_would_and_keeps_what_it_fed() {
     let (tx, rx) = mpsc::channel();
     let stats = Arc::new(Stats::default());
     let opts = WorkerOptions {
@@ -128,15 +128,16 @@ async fn chained_steps_stop_where_single_steps_would_and_commit_what_was_kept() 
         let stats = stats.clone();
         move || run_worker(Box::new(Chaining), rx, stats, opts)
     });
-    // Prefill, then a chain of 4 whose last sample falls past the confidence stop.
+    // Prefill, then a run of up to 4 that ends where the joint confidence falls past the
+    // stop, after 3 of them.
     let p = propose(&tx, vec![1, 2, 3], 6)
         .await
         .expect("reply")
         .expect("proposal");
     assert_eq!(p.tokens, vec![4, 5, 6, 7]);
     assert_eq!(p.confidence, vec![0.5; 4]);
-    assert_eq!(stats.steps.load(Ordering::Relaxed), 5);
-    // The cache holds the context and the fed drafts 4..=6, not the discarded step.
+    assert_eq!(stats.steps.load(Ordering::Relaxed), 4);
+    // The cache holds the context and the fed drafts 4..=6.
     let p = propose(&tx, vec![1, 2, 3, 4, 5, 6, 7], 2)
         .await
         .expect("reply")
@@ -286,8 +287,8 @@ async fn a_run_of_steps_answers_each_proposal_as_it_completes_and_keeps_what_it_
     assert_eq!(b.tokens, (23..32).collect::<Vec<u32>>());
     assert_eq!(
         runs.load(Ordering::Relaxed),
-        1,
-        "the proposals ran together"
+        2,
+        "together, then the longer proposal alone"
     );
     // Each slot holds its context and the drafts it fed, not the step run past `a`'s
     // end: the next rounds reuse exactly those.

@@ -242,7 +242,7 @@ pub struct CudaEngine {
     sms: usize,
     use_graphs: bool,
     graphs: HashMap<usize, CudaGraph>,
-    /// Decode steps one `decode_chain` call runs as one graph (1: none chained).
+    /// Decode steps one `decode_while` call runs (1: one at a time).
     chain: usize,
     /// Graphs of `k` chained decode steps per (batch bucket, k).
     chain_graphs: HashMap<(usize, usize), CudaGraph>,

@@ -16,7 +16,7 @@ use candle_core::cuda_backend::cudarc;
 use cudarc::driver::{result, sys, CudaEvent, CudaGraph, CudaStream, PinnedHostSlice};
 
 use super::{derr, CudaEngine, StepIo, MAX_CHAIN};
-use crate::draft::model::batch::{decode_step_by_step, decode_while_step_by_step, RowStep, Sample};
+use crate::draft::model::batch::{decode_while_step_by_step, RowStep, Sample};
 use crate::draft::DraftError;
 
 /// Runs of decode steps: not yet prepared, ready, or off after their preparation failed
@@ -71,29 +71,15 @@ impl CudaEngine {
         Ok(graph)
     }
 
-    /// `k` decode steps of one-token rows as one graph launch, once the single-step graph
-    /// of the batch size exists (its eager run loaded whatever loads lazily); otherwise
-    /// step by step.
-    pub(super) fn chain_decode(
+    /// `k` decode steps of staged one-token rows (batch bucket `n`) as one graph launch;
+    /// `more` takes every step's samples once all `k` ran.
+    fn chain_all(
         &mut self,
-        rows: &[RowStep<'_>],
+        rows: usize,
+        n: usize,
         k: usize,
-    ) -> Result<Vec<Vec<Sample>>, DraftError> {
-        let fits = k >= 2
-            && k <= self.chain
-            && self.use_graphs
-            && rows
-                .iter()
-                .all(|r| r.tokens.len() == 1 && r.start + k <= self.max_len);
-        let bucket = self
-            .bucket(rows.len())
-            .filter(|b| fits && self.graphs.contains_key(b));
-        let Some(n) = bucket else {
-            return decode_step_by_step(self, rows, k);
-        };
-        self.check_rows(rows)?;
-        self.stage(rows, n);
-        self.upload_inputs(n, n)?;
+        more: &mut dyn FnMut(&[Sample]) -> bool,
+    ) -> Result<(), DraftError> {
         if !self.chain_graphs.contains_key(&(n, k)) {
             let g = self.capture_chain(n, 0..k)?;
             self.chain_graphs.insert((n, k), g);
@@ -107,17 +93,16 @@ impl CudaEngine {
         unsafe { result::memcpy_dtoh_async(&mut out, self.a.chain.p, self.stream.cu_stream()) }
             .map_err(derr)?;
         self.stream.synchronize().map_err(derr)?;
-        self.last_rows = rows.len();
-        Ok((0..rows.len())
-            .map(|i| {
-                (0..k)
-                    .map(|j| Sample {
-                        token: out[j * m + i],
-                        prob: f32::from_bits(out[(MAX_CHAIN + j) * m + i]),
-                    })
-                    .collect()
-            })
-            .collect())
+        for j in 0..k {
+            let samples: Vec<Sample> = (0..rows)
+                .map(|i| Sample {
+                    token: out[j * m + i],
+                    prob: f32::from_bits(out[(MAX_CHAIN + j) * m + i]),
+                })
+                .collect();
+            more(&samples);
+        }
+        Ok(())
     }
 }
 
@@ -153,6 +138,9 @@ impl CudaEngine {
         self.stage(rows, n);
         self.upload_inputs(n, n)?;
         self.last_rows = rows.len();
+        if rows.len() == 1 && single_chain() {
+            return self.chain_all(1, n, k, more);
+        }
         self.launch_run_step(n, 0)?;
         let mut launched = 1;
         let mut go = true;
@@ -250,4 +238,13 @@ impl CudaEngine {
         }));
         Ok(())
     }
+}
+
+/// A single stream's run as one graph of all its steps (no host work between them at
+/// all, measured at batch 1), not one graph a step; a request that arrives meanwhile
+/// waits for all of them. `SPECD_DRAFT_SINGLE_CHAIN=0` gives single streams the runs of
+/// several (not yet measured on a GPU at batch 1).
+fn single_chain() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECD_DRAFT_SINGLE_CHAIN").map_or(true, |v| v != "0"))
 }

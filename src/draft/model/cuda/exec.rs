@@ -421,14 +421,6 @@ impl Engine for CudaEngine {
         }
     }
 
-    fn decode_chain(
-        &mut self,
-        rows: &[RowStep<'_>],
-        k: usize,
-    ) -> Result<Vec<Vec<Sample>>, DraftError> {
-        self.chain_decode(rows, k)
-    }
-
     fn decode_while(
         &mut self,
         rows: &[RowStep<'_>],
