@@ -494,23 +494,20 @@ mod tests {
         addr
     }
 
-    /// The relay's delivery-to-delivery timing rests on this: the tokens of one read are
-    /// there at once when the next is peeked, a token not yet sent is not.
-    #[tokio::test]
-    async fn tokens_read_together_are_waiting_and_later_ones_are_not() {
-        let (tx, go) = tokio::sync::mpsc::channel(1);
-        let addr = sse_server(vec![vec![11, 12], vec![13]], go).await;
+    /// A relay of 3 tokens from the server at `addr`, its idle bound 1 s.
+    async fn relay_from(
+        addr: std::net::SocketAddr,
+    ) -> futures_util::stream::Peekable<SampleStream> {
         let url = format!("http://{addr}");
         let args = <crate::config::ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
-            .try_get_matches_from(["t", "--upstream", url.as_str()])
+            .try_get_matches_from(["t", "--upstream", url.as_str(), "--verify-timeout", "1"])
             .and_then(|m| <crate::config::ServeArgs as clap::FromArgMatches>::from_arg_matches(&m))
             .expect("args");
-        let up = Arc::new(
-            Upstream::new(&args, Arc::new(crate::metrics::Metrics::new())).expect("client"),
-        );
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let up = Arc::new(Upstream::new(&args, metrics).expect("client"));
         let backend = VllmBackend::for_version(up, "0.32.0");
         let sampling = Sampling::default();
-        let mut stream = backend
+        backend
             .relay_impl(RelayRequest {
                 model: "m",
                 context: &[1, 2, 3],
@@ -520,7 +517,16 @@ mod tests {
             })
             .await
             .expect("stream")
-            .peekable();
+            .peekable()
+    }
+
+    /// The relay's delivery-to-delivery timing rests on this: the tokens of one read are
+    /// there at once when the next is peeked, a token not yet sent is not.
+    #[tokio::test]
+    async fn tokens_read_together_are_waiting_and_later_ones_are_not() {
+        let (tx, go) = tokio::sync::mpsc::channel(1);
+        let addr = sse_server(vec![vec![11, 12], vec![13]], go).await;
+        let mut stream = relay_from(addr).await;
         let id = |s: Option<Result<Sample, ApiError>>| s.and_then(Result::ok).map(|s| s.id);
         let waiting = |s: &mut futures_util::stream::Peekable<SampleStream>| {
             std::pin::Pin::new(s)
@@ -538,5 +544,23 @@ mod tests {
         tx.send(()).await.expect("server waits");
         assert_eq!(id(stream.next().await), Some(13));
         assert!(stream.next().await.is_none());
+    }
+
+    /// A peek polls the stream with a waker that wakes nothing; the wait for the next token
+    /// must still end at the idle bound (`--verify-timeout`), not when the upstream sends.
+    #[tokio::test]
+    async fn a_peek_leaves_the_idle_bound_in_force() {
+        let (_tx, go) = tokio::sync::mpsc::channel(1);
+        let addr = sse_server(vec![vec![11], vec![13]], go).await;
+        let mut stream = relay_from(addr).await;
+        assert!(matches!(stream.next().await, Some(Ok(_))));
+        let peeked = std::pin::Pin::new(&mut stream).peek().now_or_never();
+        assert!(peeked.is_none(), "nothing more was sent");
+        // The server never sends the second token (`go` never fires).
+        let next = tokio::time::timeout(Duration::from_secs(120), stream.next()).await;
+        assert!(
+            matches!(next, Ok(Some(Err(ApiError::UpstreamTimeout(_))))),
+            "the idle bound ends the wait"
+        );
     }
 }
