@@ -3,6 +3,16 @@
 use super::*;
 use std::time::Duration;
 
+/// Each row's last token + 1, with probability `prob`.
+fn plus_one(rows: &[RowStep<'_>], prob: f32) -> Vec<Sample> {
+    rows.iter()
+        .map(|r| Sample {
+            token: r.tokens.last().map_or(0, |t| t + 1),
+            prob,
+        })
+        .collect()
+}
+
 /// Proposes `last + 1` with certainty; each step takes a few milliseconds so that a
 /// long proposal is still running when the test acts.
 struct Counting;
@@ -13,13 +23,7 @@ impl Engine for Counting {
     }
     fn step(&mut self, rows: &[RowStep<'_>]) -> Result<Vec<Sample>, DraftError> {
         std::thread::sleep(Duration::from_millis(5));
-        Ok(rows
-            .iter()
-            .map(|r| Sample {
-                token: r.tokens.last().map_or(0, |t| t + 1),
-                prob: 1.0,
-            })
-            .collect())
+        Ok(plus_one(rows, 1.0))
     }
     fn last_logits(&mut self) -> Result<Vec<Vec<f32>>, DraftError> {
         Ok(Vec::new())
@@ -91,13 +95,7 @@ impl Engine for Chaining {
         "chaining"
     }
     fn step(&mut self, rows: &[RowStep<'_>]) -> Result<Vec<Sample>, DraftError> {
-        Ok(rows
-            .iter()
-            .map(|r| Sample {
-                token: r.tokens.last().map_or(0, |t| t + 1),
-                prob: 0.5,
-            })
-            .collect())
+        Ok(plus_one(rows, 0.5))
     }
     fn last_logits(&mut self) -> Result<Vec<Vec<f32>>, DraftError> {
         Ok(Vec::new())
@@ -163,13 +161,7 @@ impl Engine for RunsAhead {
     }
     fn step(&mut self, rows: &[RowStep<'_>]) -> Result<Vec<Sample>, DraftError> {
         std::thread::sleep(self.pause);
-        Ok(rows
-            .iter()
-            .map(|r| Sample {
-                token: r.tokens.last().map_or(0, |t| t + 1),
-                prob: 1.0,
-            })
-            .collect())
+        Ok(plus_one(rows, 1.0))
     }
     fn last_logits(&mut self) -> Result<Vec<Vec<f32>>, DraftError> {
         Ok(Vec::new())
