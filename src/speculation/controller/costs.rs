@@ -4,6 +4,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::ewma::{Ewma, VER_QUANTILE};
 use super::relay::{DECODE_WINDOW, SEGMENT_SAMPLE};
 use super::K_TRACKED;
 use crate::draft::DrafterKind;
@@ -12,92 +13,6 @@ use crate::draft::DrafterKind;
 pub(super) const LEVELS: usize = 8;
 /// Learning rate floor of the cost EWMAs (earlier samples average 1/n).
 const COST_ALPHA: f64 = 0.1;
-
-/// Learning rates of a low envelope (see `Ewma::add_low`).
-const LOW_FALL: f64 = 0.3;
-const LOW_RISE: f64 = 0.03;
-
-/// The share of verify samples the verify estimate sits above (`Ewma::add_quantile`): near
-/// the median, so jitter in single calls does not bias it as it biases a low
-/// envelope (under ±30 % jitter a low envelope sat near 0.8 of the mean, and speculation
-/// looked a quarter better than it was), and a stall moves it no more than any sample.
-const VER_QUANTILE: f64 = 0.45;
-/// How far the verify estimate moves per sample, as a share of itself.
-const QUANTILE_STEP: f64 = 0.02;
-
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Ewma {
-    pub(super) v: f64,
-    pub(super) n: u32,
-    pub(super) at: Option<Instant>,
-}
-
-impl Ewma {
-    pub(super) fn add(&mut self, x: f64, floor: f64, now: Instant) {
-        self.n = self.n.saturating_add(1);
-        let a = (1.0 / f64::from(self.n)).max(floor);
-        self.v += a * (x - self.v);
-        self.at = Some(now);
-    }
-    /// `add` for a quantity many streams sample at once: a sample moves it at most as far
-    /// as one stream's, `pace` seconds apart, would.
-    pub(super) fn add_paced(&mut self, x: f64, floor: f64, pace: f64, now: Instant) {
-        let (v, at) = (self.v, self.at);
-        self.add(x, floor, now);
-        if let (Some(at), true) = (at, pace > 0.0) {
-            let dt = now.saturating_duration_since(at).as_secs_f64();
-            self.v = v + (self.v - v) * (dt / pace).min(1.0);
-        }
-    }
-    /// A low envelope instead of a mean: falls fast to lower samples, rises slowly, so it
-    /// sits near the low end of what was recently measured.
-    pub(super) fn add_low(&mut self, x: f64, now: Instant) {
-        self.n = self.n.saturating_add(1);
-        let a = if self.n == 1 {
-            1.0
-        } else if x < self.v {
-            LOW_FALL
-        } else {
-            LOW_RISE
-        };
-        self.v += a * (x - self.v);
-        self.at = Some(now);
-    }
-    /// `add_low` for a quantity many streams sample at once: it rises at most as fast as
-    /// one stream's samples, `pace` seconds apart, would raise it (64 streams relaying
-    /// through a load spike must not lift the envelope 64 times faster than one).
-    pub(super) fn add_low_paced(&mut self, x: f64, pace: f64, now: Instant) {
-        let (v, at) = (self.v, self.at);
-        self.add_low(x, now);
-        if let (Some(at), true) = (at, x > v && pace > 0.0) {
-            let dt = now.saturating_duration_since(at).as_secs_f64();
-            self.v = v + LOW_RISE * (dt / pace).min(1.0) * (x - v);
-        }
-    }
-    /// A running quantile: each sample moves the estimate `QUANTILE_STEP` of itself, up
-    /// with weight `q`, down with `1 - q`, so it settles where a share `q` of the samples
-    /// lie below it; how far a sample lies does not matter. Not paced: the streams of a
-    /// step sample it together, and their votes up and down cancel as one step's would
-    /// (pacing its rises, as `add_low_paced` does, left the estimate behind the cost of
-    /// 64 streams verifying, and `auto` at 0.75 of plain decoding in the harness).
-    pub(super) fn add_quantile(&mut self, x: f64, q: f64, now: Instant) {
-        self.n = self.n.saturating_add(1);
-        self.at = Some(now);
-        if self.n == 1 {
-            self.v = x;
-        } else {
-            let step = QUANTILE_STEP.max(0.2 / f64::from(self.n));
-            if x > self.v {
-                self.v *= 1.0 + step * q;
-            } else if x < self.v {
-                self.v *= 1.0 - step * (1.0 - q);
-            }
-        }
-    }
-    pub(super) fn get(&self) -> Option<f64> {
-        (self.n > 0).then_some(self.v)
-    }
-}
 
 #[derive(Default, Clone, Copy)]
 pub(super) struct Level {
@@ -108,6 +23,9 @@ pub(super) struct Level {
     pub(super) dec_low: Ewma,
     pub(super) restart: Ewma,
     pub(super) ver: [Ewma; K_TRACKED + 1],
+    /// Verify steps timed at this level: the calls of streams verifying in one step count
+    /// once (they caught the same stall, if any).
+    pub(super) ver_steps: u32,
     pub(super) dec_probe: Option<Instant>,
     pub(super) ver_probe: Option<Instant>,
     /// When a stream first speculated at this level without a decode cost, the probe
@@ -125,6 +43,18 @@ impl Level {
             Some(low) => low,
             None => self.dec.v,
         }
+    }
+    /// On the few steps timed so far, the cheapest verify measured here costs more than
+    /// `RATIO_MAX` decode steps of `dec` in a step of `streams` small enough to stay
+    /// memory-bound, which it cannot: one of them caught a stall.
+    pub(super) fn ver_suspect(&self, dec: f64, streams: usize) -> bool {
+        let cheapest = (0..=K_TRACKED)
+            .filter_map(|k| self.ver[k].get().map(|v| (k, v)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        self.ver_steps < STALL_STEPS
+            && cheapest.is_some_and(|(k, v)| {
+                v > RATIO_MAX * dec && streams * (k + 1) <= MEMORY_BOUND_TOKENS
+            })
     }
     pub(super) fn has_ver(&self) -> bool {
         self.ver.iter().any(|e| e.n > 0)
@@ -169,8 +99,13 @@ impl Level {
 
 /// The level nearest `me` that `has` what is asked.
 fn nearest_level(g: &[Level], me: usize, has: impl Fn(&Level) -> bool) -> Option<usize> {
-    (0..g.len())
-        .filter(|&i| has(&g[i]))
+    nearest_level_index(g.len(), me, |i| has(&g[i]))
+}
+
+/// The index below `n` nearest `me` that `has` what is asked.
+fn nearest_level_index(n: usize, me: usize, has: impl Fn(usize) -> bool) -> Option<usize> {
+    (0..n)
+        .filter(|&i| has(i))
         .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
 }
 
@@ -268,7 +203,15 @@ pub(super) struct Costs {
     /// Probe intervals since the verify cost was last measured at this level (0 while
     /// fresh; infinite if never).
     pub(super) ver_staleness: f64,
+    /// The verify costs above come from a level where they look like a stall
+    /// (`Level::ver_suspect`; no other level measured any): to re-measure now.
+    pub(super) ver_suspect: bool,
 }
+
+/// Verify steps in a row a stall is believed to catch (`Level::ver_suspect`): a stall
+/// is a moment of the machine, while a load that really went up (a spike of 3×: 90 ms a
+/// verify against a decode cost measured at 12 ms before it) shows in every step after.
+const STALL_STEPS: u32 = 3;
 
 /// Verify samples after which a level's verify cost is re-probed at the full interval;
 /// with fewer, proportionally sooner (one sample may have caught a stall, and a verify cost
@@ -283,8 +226,8 @@ fn sample_interval(n: u32, interval: Duration) -> Duration {
 }
 
 /// The re-probe interval of a level's verify costs.
-fn verify_interval(ver: &[Ewma], interval: Duration) -> Duration {
-    sample_interval(ver.iter().map(|e| e.n).sum(), interval)
+fn verify_interval(l: &Level, interval: Duration) -> Duration {
+    sample_interval(l.ver_steps, interval)
 }
 
 /// How far a verify cost one probe interval old is trusted (by a relaying stream deciding
@@ -293,9 +236,9 @@ pub(super) const STALE_TRUST: f64 = 0.7;
 
 /// Probe intervals since the newest of `ver` was measured: 0 while that is within one
 /// interval, infinite if none ever was.
-pub(super) fn staleness(ver: &[Ewma], interval: Duration, now: Instant) -> f64 {
-    let interval = verify_interval(ver, interval);
-    let newest = ver.iter().filter_map(|e| e.at).max();
+pub(super) fn staleness(l: &Level, interval: Duration, now: Instant) -> f64 {
+    let interval = verify_interval(l, interval);
+    let newest = l.ver.iter().filter_map(|e| e.at).max();
     match newest.map(|t| now.saturating_duration_since(t)) {
         None => f64::INFINITY,
         Some(age) if age <= interval => 0.0,
@@ -350,6 +293,21 @@ impl CostModel {
         now: Instant,
     ) -> Option<(Option<f64>, f64)> {
         self.with_level(spec, |l| {
+            if l.ver_steps < STALL_STEPS {
+                // While steps are few, a call under half an estimate says that estimate
+                // rests on a step that caught a stall (a step cannot take half its usual
+                // time): it starts again from this call. A quantile would come down 5 %
+                // per call, and a verify cost that high keeps every stream relaying, so
+                // only probes would sample it (a first step caught in a 322 ms stall kept
+                // `auto` at 0.32 of static K = 16 in the harness).
+                for e in l.ver.iter_mut().filter(|e| e.n > 0 && secs < 0.5 * e.v) {
+                    *e = Ewma::default();
+                }
+            }
+            let last = l.ver.iter().filter_map(|e| e.at).max();
+            if last.is_none_or(|t| now.saturating_duration_since(t).as_secs_f64() > secs / 2.0) {
+                l.ver_steps = l.ver_steps.saturating_add(1);
+            }
             let e = &mut l.ver[k.min(K_TRACKED)];
             let before = e.get();
             e.add_quantile(secs, VER_QUANTILE, now);
@@ -447,7 +405,12 @@ impl CostModel {
         let (dl, vl) = (level_of(load), level_of(spec));
         let dec = decode_cost_at(&g[..], dl);
         let restart = nearest_level(&g[..], dl, |l| l.restart.n > 0).map(|i| g[i].restart.v);
-        let ver_at = nearest_level(&g[..], vl, Level::has_ver);
+        // A level whose verify cost looks like a stall is used only where no other level
+        // measured one: 8 streams whose one step together caught a stall otherwise never
+        // verified together again (the batch's verdict rests on that level).
+        let suspect = |i: usize| dec.is_some_and(|d| g[i].ver_suspect(d, 1 << i));
+        let ver_at = nearest_level_index(LEVELS, vl, |i| g[i].has_ver() && !suspect(i))
+            .or_else(|| nearest_level(&g[..], vl, Level::has_ver));
         let ver = (0..=kmax)
             .map(|k| ver_at.and_then(|i| g[i].ver_at(k)))
             .collect();
@@ -463,7 +426,8 @@ impl CostModel {
                 (Some(d), Some(b)) => d >= SUSPECT * b * 0.999,
                 _ => false,
             },
-            ver_staleness: staleness(&g[vl].ver, age, now),
+            ver_staleness: staleness(&g[vl], age, now),
+            ver_suspect: ver_at.is_some_and(suspect),
         }
     }
 
@@ -472,9 +436,14 @@ impl CostModel {
     /// estimated under `DEC_HINGES`). A decode cost measured in a load spike otherwise kept
     /// a batch verifying hopeless drafts (plain decoding looked as slow as a verify) until
     /// the full interval; and where speculation wins by far, the estimate's precision does
-    /// not matter, so a few samples are enough and no probe relays sooner.
-    pub(super) fn decode_probe_every(&self, hinges: bool) -> Duration {
-        if hinges {
+    /// not matter, so a few samples are enough and no probe relays sooner. A decode cost
+    /// near a verify's (`Costs::dec_suspect`), which a decode step cannot cost, caught a
+    /// stall: a sixteenth of the interval (16 streams whose first relay window caught one
+    /// verified hopeless drafts for 2.4 s at a quarter).
+    pub(super) fn decode_probe_every(&self, hinges: bool, suspect: bool) -> Duration {
+        if suspect {
+            self.probe_interval / 16
+        } else if hinges {
             self.probe_interval / 4
         } else {
             self.probe_interval
@@ -504,11 +473,10 @@ impl CostModel {
             return false;
         };
         let l = &mut g[level_of(level_load)];
+        let ver_every = verify_interval(l, self.probe_interval);
         let (slot, every) = match probe {
-            Probe::Verify => (
-                &mut l.ver_probe,
-                verify_interval(&l.ver, self.probe_interval),
-            ),
+            Probe::Verify => (&mut l.ver_probe, ver_every),
+            Probe::SuspectVerify => (&mut l.ver_probe, ver_every.min(self.probe_interval / 16)),
             Probe::Decode(every) => (&mut l.dec_probe, every),
         };
         if slot.is_some_and(|t| now.saturating_duration_since(t) < every) {
@@ -524,6 +492,8 @@ impl CostModel {
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Probe {
     Verify,
+    /// A verify cost that looks like a stall (`Level::ver_suspect`): sooner.
+    SuspectVerify,
     Decode(Duration),
 }
 
@@ -552,25 +522,5 @@ impl Costs {
     /// How much more than a decode step (re)starting a relay costs.
     pub(super) fn restart_extra(&self, dec: f64) -> f64 {
         self.restart.map_or(0.0, |r| (r - dec).max(0.0))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A K first timed by one fast call (a request's last round, cut short, that caught
-    /// the machine at its quickest) comes up to the cost of its calls within a dozen of
-    /// them; at the settled step alone it took over twenty.
-    #[test]
-    fn a_verify_estimate_moves_fast_while_its_samples_are_few() {
-        let now = Instant::now();
-        let mut e = Ewma::default();
-        e.add_quantile(0.023, VER_QUANTILE, now);
-        let calls = (0..13).take_while(|_| {
-            e.add_quantile(0.031, VER_QUANTILE, now);
-            e.v < 0.9 * 0.031
-        });
-        assert!(calls.count() < 13, "{}", e.v);
     }
 }

@@ -170,7 +170,7 @@ impl Controller {
             (None, Some(_)) if s.may_relay => Decision::Relay {
                 probe: self.costs.claim_probe(
                     x.load,
-                    Probe::Decode(self.costs.decode_probe_every(false)),
+                    Probe::Decode(self.costs.decode_probe_every(false, false)),
                     self.now(),
                 ),
             },
@@ -233,7 +233,7 @@ impl Controller {
         // Near the end of a generation the round is short because the cap is, not because
         // speculation is marginal: that does not make T_dec worth a probe.
         let hinges = (trend < DEC_HINGES || x.costs.dec_suspect) && remaining >= 2 * K_TRACKED;
-        let every = self.costs.decode_probe_every(hinges);
+        let every = self.costs.decode_probe_every(hinges, x.costs.dec_suspect);
         if x.costs.dec_age > every.as_secs_f64()
             && self
                 .costs
@@ -329,10 +329,19 @@ impl Controller {
         // A stale verify cost may hide a chance (it may have been measured in a load
         // spike): re-measure when an optimistic guess pays. The older the estimate, the
         // less it is trusted, so a high one cannot keep speculation off for good.
+        // One that looks like a stall (`Costs::ver_suspect`) is re-measured whatever the
+        // round is worth under it: it charges the round the stall, and the streams beside
+        // it their own slowdown by the stall too.
         let trust = STALE_TRUST.powf(x.costs.ver_staleness);
         let optimistic = b.tokens * dec > x.t_draft + trust * (b.time - x.t_draft);
         let stale = x.costs.ver_staleness > 0.0;
-        (stale && optimistic && self.costs.claim_probe(x.spec, Probe::Verify, self.now()))
-            .then_some(b.k)
+        let probe = if x.costs.ver_suspect {
+            Probe::SuspectVerify
+        } else {
+            Probe::Verify
+        };
+        ((stale && optimistic || x.costs.ver_suspect)
+            && self.costs.claim_probe(x.spec, probe, self.now()))
+        .then_some(b.k)
     }
 }

@@ -43,11 +43,14 @@
 //! measured cheaper than a verify (the switch horizon grows with the losing streak, so
 //! this is bounded by the relay restart cost over the loss per round), (e) recovery of
 //! the estimates after a load spike (stale verify costs are trusted less each probe
-//! interval; few-sample ones are re-probed sooner).
+//! interval; few-sample ones are re-probed sooner, and estimates that look like a stall,
+//! a verify above `RATIO_MAX` decode steps on its level's first steps or a decode cost near
+//! a verify's, within a sixteenth of the interval).
 //!
 //! # The parts
 //! - `costs.rs` — the cost model: T_dec, relay restart and T_ver(k) by load level, draft
-//!   cost per drafter, and the choice of the best K over them.
+//!   cost per drafter, and the choice of the best K over them; `ewma.rs`, the running
+//!   estimates it keeps (mean, low envelope, quantile).
 //! - `acceptance.rs` — the acceptance model: calibration per drafter, residual per stream.
 //! - `load.rs` — the load tracker: streams speculating, relaying, passing through, and
 //!   clients that bypass specd.
@@ -74,15 +77,18 @@
 //!   "slow to rise" fast. A decode step does no more work than a verify call at the same
 //!   load: a decode cost above 0.8 of the cheapest verify cost of its level (a window
 //!   that caught a stall, with nothing yet to clip it against) is capped there, replaced
-//!   by the next window, and re-probed as where the decision hinges on it.
+//!   by the next window, and re-probed within a sixteenth of the probe interval.
 //! - T_ver(k), by the number of streams speculating at once, from every verify call (at
 //!   the drafts per call of the verify calls that shared its steps: a step costs what all
 //!   its drafts cost, whatever the stream's own K): a running quantile near the median
 //!   of the calls, unbiased by jitter, that one stalled call moves no more than any
 //!   other; the relay restart latency: a low envelope, so one stalled call cannot switch
-//!   speculation off; a level's verify costs resting on fewer than 8 samples are
-//!   re-probed proportionally sooner than the probe interval. Missing k are interpolated
-//!   from measured ones; a missing level borrows the nearest.
+//!   speculation off; a level's verify costs resting on fewer than 8 steps (the calls of
+//!   streams verifying in one step count once) are re-probed proportionally sooner than
+//!   the probe interval. On a level's first 3 steps, a call under half an estimate
+//!   replaces it, and a level whose cheapest verify costs more than `RATIO_MAX` decode
+//!   steps (a stall) borrows the nearest level that does not and is re-probed soon.
+//!   Missing k are interpolated from measured ones; a missing level borrows the nearest.
 //! - T_draft per drafter (times the share of drafts hidden behind verify calls by overlap).
 //! - Acceptance: per drafter, a calibration of its confidences (by position in the
 //!   proposal and confidence decile; the prior of the first position is the confidence
@@ -139,11 +145,14 @@ mod batch;
 pub mod clock;
 mod costs;
 mod decide;
+mod ewma;
 mod load;
 mod pacing;
 pub mod relay;
 #[cfg(test)]
 mod sim;
+#[cfg(test)]
+mod stall_tests;
 #[cfg(test)]
 mod tests;
 mod watch;

@@ -84,9 +84,9 @@ fn verify_cost_is_interpolated_and_extrapolated() {
 
 /// Mean of an estimate's values over the second half of 4000 jittered calls of 30 ms ± 30 %
 /// (one in fifty caught in a 200 ms stall, with `stalls`).
-fn settled(add: impl Fn(&mut costs::Ewma, f64), stalls: bool) -> f64 {
+fn settled(add: impl Fn(&mut ewma::Ewma, f64), stalls: bool) -> f64 {
     let mut rng = fastrand::Rng::with_seed(7);
-    let mut e = costs::Ewma::default();
+    let mut e = ewma::Ewma::default();
     let (n, mut sum) = (4000, 0.0);
     for i in 0..n {
         let x = if stalls && i % 50 == 49 {
@@ -105,7 +105,7 @@ fn settled(add: impl Fn(&mut costs::Ewma, f64), stalls: bool) -> f64 {
 #[test]
 fn the_verify_estimate_sits_near_the_median_under_jitter_and_stalls() {
     let now = Instant::now();
-    let quantile = |e: &mut costs::Ewma, x| e.add_quantile(x, 0.45, now);
+    let quantile = |e: &mut ewma::Ewma, x| e.add_quantile(x, 0.45, now);
     // Near the jittered calls' median (30 ms), with stalls or without.
     for stalls in [false, true] {
         let v = settled(quantile, stalls);
@@ -447,11 +447,13 @@ fn an_old_verify_cost_is_trusted_less_and_less() {
     let clock = Arc::new(VirtualClock::default());
     let c = ctl_on(&clock);
     // Verify rounds measured in a load spike: 200 ms, where 8 good drafts are worth
-    // about 100 ms of plain decoding.
+    // about 100 ms of plain decoding; one step after another (a cost that high on one
+    // or two steps would look like a stall).
     for _ in 0..20 {
         c.record_decode(1, 0.0121);
         c.record_relay_start(1, ms(31.0));
         for k in [0, 2, 4, 8] {
+            clock.advance_to(clock.now() + ms(200.0));
             c.record_verify(k, 1, ms(200.0));
         }
     }
