@@ -13,16 +13,23 @@ fn ms(x: f64) -> Duration {
     Duration::from_secs_f64(x / 1000.0)
 }
 
-/// A controller on a virtual clock probing every 10 s, with plain decoding measured at
-/// 12.1 ms a token.
-fn setup() -> (Arc<Controller>, Arc<VirtualClock>) {
+/// A controller on a virtual clock probing every 10 s.
+fn controller() -> (Arc<Controller>, Arc<VirtualClock>) {
     let clock = Arc::new(VirtualClock::default());
     let cfg = ControllerConfig {
         probe_interval: Duration::from_secs(10),
         explore: 0.0,
         watch_every: 1,
     };
-    let c = Arc::new(Controller::new(cfg, None).with_clock(clock.clone()));
+    (
+        Arc::new(Controller::new(cfg, None).with_clock(clock.clone())),
+        clock,
+    )
+}
+
+/// `controller()` with plain decoding measured at 12.1 ms a token.
+fn setup() -> (Arc<Controller>, Arc<VirtualClock>) {
+    let (c, clock) = controller();
     for _ in 0..20 {
         c.record_decode(1, 0.0121);
         c.record_relay_start(1, ms(31.0));
@@ -83,7 +90,7 @@ fn a_first_verify_step_that_caught_a_stall_is_re_measured_and_replaced() {
 /// after another at that cost are a load that really went up, and believed.
 #[test]
 fn calls_of_one_step_are_one_step_and_three_steps_are_a_load() {
-    let (c, clock) = setup();
+    let (c, _) = setup();
     let _me = c.enter();
     let _r = c.relaying();
     let mut s = stream(&c, 0.95);
@@ -95,16 +102,15 @@ fn calls_of_one_step_are_one_step_and_three_steps_are_a_load() {
     };
     assert_eq!(resume(&c, &mut s), Some(16), "one step: re-measured");
 
-    let (c, clock2) = setup();
+    let (c, clock) = setup();
     let _me = c.enter();
     let _r = c.relaying();
     let mut s = stream(&c, 0.95);
     for _ in 0..3 {
-        later(&clock2, ms(200.0));
+        later(&clock, ms(200.0));
         c.record_verify(16, 1, ms(200.0));
     }
     assert_eq!(resume(&c, &mut s), None, "three steps: believed");
-    drop(clock);
 }
 
 /// A decode cost near a verify's, from a first relay window that caught a stall, is
@@ -112,13 +118,7 @@ fn calls_of_one_step_are_one_step_and_three_steps_are_a_load() {
 /// that are never accepted, every round until then is lost.
 #[test]
 fn a_decode_cost_as_high_as_a_verify_is_re_measured_soon() {
-    let clock = Arc::new(VirtualClock::default());
-    let cfg = ControllerConfig {
-        probe_interval: Duration::from_secs(10),
-        explore: 0.0,
-        watch_every: 1,
-    };
-    let c = Arc::new(Controller::new(cfg, None).with_clock(clock.clone()));
+    let (c, clock) = controller();
     c.record_decode(1, 0.0467);
     c.record_relay_start(1, ms(40.0));
     c.record_verify(1, 1, ms(34.0));
