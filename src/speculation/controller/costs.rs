@@ -48,11 +48,8 @@ impl Level {
     /// `RATIO_MAX` decode steps of `dec` in a step of `streams` small enough to stay
     /// memory-bound, which it cannot: one of them caught a stall.
     pub(super) fn ver_suspect(&self, dec: f64, streams: usize) -> bool {
-        let cheapest = (0..=K_TRACKED)
-            .filter_map(|k| self.ver[k].get().map(|v| (k, v)))
-            .min_by(|a, b| a.1.total_cmp(&b.1));
         self.ver_steps < STALL_STEPS
-            && cheapest.is_some_and(|(k, v)| {
+            && self.cheapest_ver().is_some_and(|(k, v)| {
                 v > RATIO_MAX * dec && streams * (k + 1) <= MEMORY_BOUND_TOKENS
             })
     }
@@ -62,7 +59,13 @@ impl Level {
     /// The cheapest verify cost measured at this level: a decode step does no more work
     /// than a verify call at the same load, so no more than this.
     pub(super) fn ver_min(&self) -> Option<f64> {
-        self.ver.iter().filter_map(Ewma::get).min_by(f64::total_cmp)
+        self.cheapest_ver().map(|(_, v)| v)
+    }
+    /// The K whose verify cost measured at this level is the cheapest, and that cost.
+    fn cheapest_ver(&self) -> Option<(usize, f64)> {
+        (0..=K_TRACKED)
+            .filter_map(|k| self.ver[k].get().map(|v| (k, v)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
     }
     /// T_ver(k) from this level's measurements: measured, interpolated, or extrapolated.
     pub(super) fn ver_at(&self, k: usize) -> Option<f64> {

@@ -340,7 +340,7 @@ impl Controller {
         } else {
             Probe::Verify
         };
-        ((stale && optimistic || x.costs.ver_suspect)
+        (((stale && optimistic) || x.costs.ver_suspect)
             && self.costs.claim_probe(x.spec, probe, self.now()))
         .then_some(b.k)
     }
