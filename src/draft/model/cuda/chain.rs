@@ -94,12 +94,7 @@ impl CudaEngine {
             .map_err(derr)?;
         self.stream.synchronize().map_err(derr)?;
         for j in 0..k {
-            let samples: Vec<Sample> = (0..rows)
-                .map(|i| Sample {
-                    token: out[j * m + i],
-                    prob: f32::from_bits(out[(MAX_CHAIN + j) * m + i]),
-                })
-                .collect();
+            let samples: Vec<Sample> = (0..rows).map(|i| sample_at(|x| out[x], m, j, i)).collect();
             more(&samples);
         }
         Ok(())
@@ -230,13 +225,18 @@ impl CudaEngine {
         let m = self.max_rows;
         out.clear();
         // SAFETY: the copies of step j into these ranges completed (`copied[j]`).
-        out.extend((0..rows).map(|i| unsafe {
-            Sample {
-                token: host.add(j * m + i).read_volatile(),
-                prob: f32::from_bits(host.add((MAX_CHAIN + j) * m + i).read_volatile()),
-            }
-        }));
+        let read = |x: usize| unsafe { host.add(x).read_volatile() };
+        out.extend((0..rows).map(|i| sample_at(read, m, j, i)));
         Ok(())
+    }
+}
+
+/// Sample `i` of step `j` from a copy of the chain buffer (`RunState::host`'s layout, rows
+/// `m` apart), read through `read`.
+fn sample_at(read: impl Fn(usize) -> u32, m: usize, j: usize, i: usize) -> Sample {
+    Sample {
+        token: read(j * m + i),
+        prob: f32::from_bits(read((MAX_CHAIN + j) * m + i)),
     }
 }
 
