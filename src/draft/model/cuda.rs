@@ -33,7 +33,7 @@ use crate::draft::DraftError;
 
 /// Batch sizes with a captured decode graph; a decode step is padded to the next one.
 const BUCKETS: [usize; 10] = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64];
-/// Decode steps one graph may chain (`SPECD_DRAFT_CHAIN` lowers it; 1 turns chaining off).
+/// Decode steps one run may queue (`SPECD_DRAFT_CHAIN` lowers it; 1 turns runs off).
 const MAX_CHAIN: usize = 8;
 /// Blocks per row of the two-pass greedy sampling.
 const ARGMAX_BLOCKS: usize = 64;
@@ -183,8 +183,8 @@ struct Acts {
     out: Buf<u32>,
     tok: u64,
     prob: u64,
-    /// Samples of chained decode steps: tokens of step j at j * max_rows, then the
-    /// probabilities at (MAX_CHAIN + j) * max_rows: one download per chain.
+    /// Samples of a run's decode steps: tokens of step j at j * max_rows, then the
+    /// probabilities at (MAX_CHAIN + j) * max_rows.
     chain: Buf<u32>,
     cos: Buf<f32>,
     sin: Buf<f32>,
@@ -244,8 +244,6 @@ pub struct CudaEngine {
     graphs: HashMap<usize, CudaGraph>,
     /// Decode steps one `decode_while` call runs (1: one at a time).
     chain: usize,
-    /// Graphs of `k` chained decode steps per (batch bucket, k).
-    chain_graphs: HashMap<(usize, usize), CudaGraph>,
     run: chain::Runs,
     h_ids: Vec<i32>,
     h_pos: Vec<i32>,
@@ -570,7 +568,6 @@ impl CudaEngine {
                 .min(MAX_CHAIN)
                 .min(l.max_len)
                 .max(1),
-            chain_graphs: HashMap::new(),
             run: chain::Runs::default(),
             h_ids: Vec::new(),
             h_pos: Vec::new(),

@@ -1,15 +1,12 @@
-//! Chained decode steps: `k` greedy steps captured as one CUDA graph, each step embedding
-//! the samples of the step before on the device (`embed_next`, which also advances the
-//! positions), so that the host uploads inputs and synchronizes once per chain instead
-//! of once per token.
-//!
-//! Runs of decode steps for several streams (`decode_while`) launch one captured step at
-//! a time, step `j` reading the samples of step `j - 1` on the device, and keep the next
-//! step queued while the host takes a step's samples: these are copied to pinned memory
-//! on a second stream, so the copy is not in the steps' path either.
+//! Runs of decode steps (`decode_while`): one captured step at a time, step `j` reading
+//! the samples of step `j - 1` on the device (`embed_next`, which also advances the
+//! positions), the next step queued while the host takes a step's samples. These are
+//! copied to pinned memory on a second stream, so the copy is not in the steps' path
+//! either. A single stream runs the same way: one graph for all of its steps measured no
+//! faster (docs/draft-model.md, "Runs of decode steps"), and a run lets a request that
+//! arrives meanwhile join within a step.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc;
@@ -44,7 +41,7 @@ pub(super) struct RunState {
 }
 
 impl CudaEngine {
-    /// Step `j` of a chain reads the samples of step `j - 1` and writes its own into
+    /// Step `j` of a run reads the samples of step `j - 1` and writes its own into
     /// slot `j` of the chain buffer.
     fn chain_io(&self, j: usize) -> StepIo {
         let (m, c) = (self.max_rows as u64, self.a.chain.p);
@@ -55,12 +52,13 @@ impl CudaEngine {
         }
     }
 
-    fn capture_chain(&self, n: usize, mut steps: Range<usize>) -> Result<CudaGraph, DraftError> {
+    /// Step `j` of a run of batch bucket `n`, captured as a graph.
+    fn capture_run_step(&self, n: usize, j: usize) -> Result<CudaGraph, DraftError> {
         let splits = self.att_splits(n);
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(derr)?;
-        let queued = steps.try_for_each(|j| self.encode(n, n, splits, self.chain_io(j)));
+        let queued = self.encode(n, n, splits, self.chain_io(j));
         let graph = self
             .stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
@@ -71,37 +69,6 @@ impl CudaEngine {
         Ok(graph)
     }
 
-    /// `k` decode steps of staged one-token rows (batch bucket `n`) as one graph launch;
-    /// `more` takes every step's samples once all `k` ran.
-    fn chain_all(
-        &mut self,
-        rows: usize,
-        n: usize,
-        k: usize,
-        more: &mut dyn FnMut(&[Sample]) -> bool,
-    ) -> Result<(), DraftError> {
-        if !self.chain_graphs.contains_key(&(n, k)) {
-            let g = self.capture_chain(n, 0..k)?;
-            self.chain_graphs.insert((n, k), g);
-        }
-        if let Some(g) = self.chain_graphs.get(&(n, k)) {
-            g.launch().map_err(derr)?;
-        }
-        let m = self.max_rows;
-        let mut out = vec![0u32; 2 * MAX_CHAIN * m];
-        // SAFETY: the chain buffer holds 2 * MAX_CHAIN * max_rows u32, as does `out`.
-        unsafe { result::memcpy_dtoh_async(&mut out, self.a.chain.p, self.stream.cu_stream()) }
-            .map_err(derr)?;
-        self.stream.synchronize().map_err(derr)?;
-        for j in 0..k {
-            let samples: Vec<Sample> = (0..rows).map(|i| sample_at(|x| out[x], m, j, i)).collect();
-            more(&samples);
-        }
-        Ok(())
-    }
-}
-
-impl CudaEngine {
     /// `Engine::decode_while` for one-token rows, once the single-step graph of the batch
     /// size exists; otherwise step by step.
     pub(super) fn run_decode(
@@ -133,9 +100,6 @@ impl CudaEngine {
         self.stage(rows, n);
         self.upload_inputs(n, n)?;
         self.last_rows = rows.len();
-        if rows.len() == 1 && single_chain() {
-            return self.chain_all(1, n, k, more);
-        }
         self.launch_run_step(n, 0)?;
         let mut launched = 1;
         let mut go = true;
@@ -181,7 +145,7 @@ impl CudaEngine {
         for j in 0..k {
             let have = matches!(&self.run, Runs::Ready(r) if r.graphs.contains_key(&(n, j)));
             if !have {
-                let g = self.capture_chain(n, j..j + 1)?;
+                let g = self.capture_run_step(n, j)?;
                 if let Runs::Ready(r) = &mut self.run {
                     r.graphs.insert((n, j), g);
                 }
@@ -238,13 +202,4 @@ fn sample_at(read: impl Fn(usize) -> u32, m: usize, j: usize, i: usize) -> Sampl
         token: read(j * m + i),
         prob: f32::from_bits(read((MAX_CHAIN + j) * m + i)),
     }
-}
-
-/// A single stream's run as one graph of all its steps (no host work between them at
-/// all, measured at batch 1), not one graph a step; a request that arrives meanwhile
-/// waits for all of them. `SPECD_DRAFT_SINGLE_CHAIN=0` gives single streams the runs of
-/// several (not yet measured on a GPU at batch 1).
-fn single_chain() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECD_DRAFT_SINGLE_CHAIN").map_or(true, |v| v != "0"))
 }
