@@ -3,7 +3,7 @@
 //! positions), the next step queued while the host takes a step's samples. These are
 //! copied to pinned memory on a second stream, so the copy is not in the steps' path
 //! either. A single stream runs the same way: one graph for all of its steps measured no
-//! faster (docs/draft-model.md, "Runs of decode steps"), and a run lets a request that
+//! faster (docs/draft-model.md, "Single streams in runs"), and a run lets a request that
 //! arrives meanwhile join within a step.
 
 use std::collections::HashMap;
