@@ -344,8 +344,11 @@ pub fn client() -> reqwest::Client {
     C.get_or_init(|| {
         reqwest::Client::builder()
             .timeout(Duration::from_secs(300))
-            // Below uvicorn's 5 s keep-alive: no request on a connection vLLM is closing.
-            .pool_idle_timeout(Duration::from_secs(2))
+            // A new connection per request. uvicorn closes a connection 5 s after its last
+            // response; a pooled one whose idle time the client counted from later (its
+            // process starved of CPU while reading the body) can be closed just as a request
+            // goes out on it, which fails with `IncompleteMessage` on a busy machine.
+            .pool_max_idle_per_host(0)
             .build()
             .expect("client")
     })
