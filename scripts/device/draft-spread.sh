@@ -17,8 +17,8 @@ SHAPE="${SHAPE:-qwen2.5-1.5b}"
 W=/tmp/specd-draft-work
 OUT="${OUT:-/tmp/specd-draft-spread}"
 mkdir -p "$OUT"
-[ -f "$W/$SHAPE/config.json" ] || VARIANTS="x:X=1" BATCH=1 SHAPES="$SHAPE" \
-  bash "$HERE/draft-tune.sh" "$BIN_GZ" >/dev/null 2>&1
+[ -f "$W/$SHAPE/config.json" ] || VARIANTS=0 ANCHOR=none BATCH=1 SHAPES="$SHAPE" \
+  bash "$HERE/draft-bench.sh" "$BIN_GZ" >/dev/null 2>&1
 CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
 export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 [ -x "$W/specd-bench" ] || { gunzip -c "$BIN_GZ" >"$W/specd-bench" && chmod +x "$W/specd-bench"; } || exit 1
