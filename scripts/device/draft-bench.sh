@@ -21,13 +21,12 @@ OUT="${OUT:-/tmp/specd-draft-bench}"
 SHAPES="${SHAPES:-qwen2.5-0.5b qwen2.5-1.5b}"
 BATCH="${BATCH:-1,8,32}"
 ANCHOR="${ANCHOR:-graph}"
-W=/tmp/specd-draft-work
-mkdir -p "$W" "$OUT"
+# shellcheck source=scripts/device/lib.sh
+. "$HERE/lib.sh"
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
-export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-gunzip -c "$BIN_GZ" >"$W/specd-bench" && chmod +x "$W/specd-bench" || exit 1
+specd_cuda_libs && specd_unpack "$BIN_GZ" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 
 echo "== models (random init) and transformers references"

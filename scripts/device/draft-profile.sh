@@ -13,11 +13,10 @@ MODEL="$1"
 BIN_GZ="${2:-$HERE/specd-bench.gz}"
 STEPS="${STEPS:-24}"
 OUT="${OUT:-/tmp/specd-draft-profile}"
-W=/tmp/specd-draft-work
-mkdir -p "$W" "$OUT"
-CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
-export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-[ -x "$W/specd-bench" ] || { gunzip -c "$BIN_GZ" >"$W/specd-bench" && chmod +x "$W/specd-bench"; } || exit 1
+# shellcheck source=scripts/device/lib.sh
+. "$HERE/lib.sh"
+mkdir -p "$OUT"
+specd_cuda_libs && specd_unpack "$BIN_GZ" || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
 

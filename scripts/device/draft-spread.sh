@@ -14,14 +14,12 @@ set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BIN_GZ="${1:-$HERE/specd-bench.gz}"
 SHAPE="${SHAPE:-qwen2.5-1.5b}"
-W=/tmp/specd-draft-work
+# shellcheck source=scripts/device/lib.sh
+. "$HERE/lib.sh"
 OUT="${OUT:-/tmp/specd-draft-spread}"
 mkdir -p "$OUT"
-[ -f "$W/$SHAPE/config.json" ] || VARIANTS=0 ANCHOR=none BATCH=1 SHAPES="$SHAPE" \
-  bash "$HERE/draft-bench.sh" "$BIN_GZ" >/dev/null 2>&1
-CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
-export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-[ -x "$W/specd-bench" ] || { gunzip -c "$BIN_GZ" >"$W/specd-bench" && chmod +x "$W/specd-bench"; } || exit 1
+specd_models "$BIN_GZ" "$SHAPE"
+specd_cuda_libs && specd_unpack "$BIN_GZ" || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for i in $(seq 1 "${PROCS:-8}"); do
   rm -f "$W"/lt.*.log

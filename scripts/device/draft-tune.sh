@@ -14,19 +14,16 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 BIN_GZ="${1:-$HERE/specd-bench.gz}"
 SHAPES="${SHAPES:-qwen2.5-0.5b qwen2.5-1.5b}"
 BATCH="${BATCH:-1}"
-W=/tmp/specd-draft-work
+# shellcheck source=scripts/device/lib.sh
+. "$HERE/lib.sh"
 DEFAULT_VARIANTS="default:X=1 qkv12:SPECD_DRAFT_GEMV=qkv=1x2 o12:SPECD_DRAFT_GEMV=o=1x2
   o21:SPECD_DRAFT_GEMV=o=2x1 gu21:SPECD_DRAFT_GEMV=gate_up=2x1 gu12:SPECD_DRAFT_GEMV=gate_up=1x2
   down12:SPECD_DRAFT_GEMV=down=1x2 down18:SPECD_DRAFT_GEMV=down=1x8 down24:SPECD_DRAFT_GEMV=down=2x4
   lm21:SPECD_DRAFT_GEMV=lm=2x1 lm81:SPECD_DRAFT_GEMV=lm=8x1 attpf0:SPECD_DRAFT_ATT_PREFETCH=0
   attpf1:SPECD_DRAFT_ATT_PREFETCH=1 previous:SPECD_DRAFT_FUSED=0+SPECD_DRAFT_ATT_PREFETCH=0"
-CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
-export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for s in $SHAPES; do
-  [ -f "$W/$s/config.json" ] || { VARIANTS=0 ANCHOR=none BATCH=1 SHAPES="$SHAPES" \
-    bash "$HERE/draft-bench.sh" "$BIN_GZ" | grep -E 'check:|^\| [0-9]'; break; }
-done
-[ -x "$W/specd-bench" ] || { gunzip -c "$BIN_GZ" >"$W/specd-bench" && chmod +x "$W/specd-bench"; } || exit 1
+# shellcheck disable=SC2086
+specd_models "$BIN_GZ" $SHAPES
+specd_cuda_libs && specd_unpack "$BIN_GZ" || exit 1
 for s in $SHAPES; do
   for v in ${VARIANTS:-$DEFAULT_VARIANTS}; do
     name="${v%%:*}"; envs="${v#*:}"

@@ -13,11 +13,9 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="${ROOT:-$(pwd)}"
 M="$1"
 BIN_GZ="${2:-$HERE/specd-bench.gz}"
-W=/tmp/specd-draft-work
-mkdir -p "$W"
-CU13="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')"
-export LD_LIBRARY_PATH="$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-[ -x "$W/specd-bench" ] || { gunzip -c "$BIN_GZ" >"$W/specd-bench" && chmod +x "$W/specd-bench"; } || exit 1
+# shellcheck source=scripts/device/lib.sh
+. "$HERE/lib.sh"
+specd_cuda_libs && specd_unpack "$BIN_GZ" || exit 1
 prompts=$(printf '%s,' "$ROOT"/scripts/{make_models,dashboard_metrics,draft_model_reference,train_models}.py)
 for dev in cuda:0 cpu; do
   echo "== drafts on $dev"
