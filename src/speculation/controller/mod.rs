@@ -231,6 +231,10 @@ pub struct StreamCtl {
 /// How much slower than expected a request's verify calls may run, all together, for its
 /// time to say whether speculating paid (see `Controller::plain_seconds`).
 const DISTURBED: f64 = 1.5;
+/// Up to this many times their estimates, a request's verify calls, all together, ran as
+/// expected (jitter); only the time beyond it counts as a slowdown plain decoding would
+/// have shared. Counting all of it credited plain decoding with jitter's upward half.
+const SLOWED: f64 = 1.1;
 
 /// An exponential moving average over a stream's rounds (`TREND_ALPHA` a round), starting
 /// at its first value.
@@ -272,10 +276,13 @@ impl StreamCtl {
         }
     }
 
-    /// The request ran under load its cost estimates never saw: its verify calls took
-    /// `DISTURBED` times what they were expected to, or more (a load spike, stalls).
-    fn disturbed(&self) -> bool {
-        self.verify_took > DISTURBED * self.verify_expected && self.verify_expected > 0.0
+    /// Seconds this request's verify calls ran over `SLOWED` times what they were expected
+    /// to take, all together (at least 0); None when they took `DISTURBED` times that or
+    /// more (a load spike, stalls): the request ran under load its cost estimates never saw.
+    fn delayed(&self) -> Option<f64> {
+        let over =
+            self.verify_took > DISTURBED * self.verify_expected && self.verify_expected > 0.0;
+        (!over).then(|| (self.verify_took - SLOWED * self.verify_expected).max(0.0))
     }
 
     fn residual(&self, drafter: DrafterKind) -> &Residual {
@@ -392,19 +399,20 @@ impl Controller {
         self.watch.admit(self.now())
     }
 
-    /// Seconds plain decoding of `tokens` tokens takes at the current load, by the
-    /// measurements from relays: first-token latency, then a decode step per token. None
-    /// for a request whose verify calls ran far slower than expected (`DISTURBED`): plain
-    /// decoding would have slowed as much, which the estimate, measured outside that load,
-    /// does not know (a request that spanned a load spike was judged slower than plain
-    /// decoding, and `auto` passed the next ones through while speculation paid).
+    /// Seconds plain decoding of `tokens` tokens would have taken in this request's
+    /// place, by the measurements from relays: first-token latency, then a decode step per
+    /// token, plus the time the request's verify calls ran over `SLOWED` times their
+    /// estimates (a load spike or a stall that slowed them would have slowed plain
+    /// decoding as much, and the estimates, measured outside it, do not know it). None for a request whose verify
+    /// calls ran far slower than expected (`DISTURBED`). Without the overrun, requests
+    /// that spanned part of a load spike (verify calls 1.3-1.4x their estimates in all)
+    /// were judged slower than plain decoding, and `auto` passed the next ones through
+    /// while speculation paid.
     pub fn plain_seconds(&self, s: &StreamCtl, tokens: u32) -> Option<f64> {
-        if s.disturbed() {
-            return None;
-        }
+        let delayed = s.delayed()?;
         let c = self.costs.costs(self.load(), 1, 0, self.now());
         let dec = c.dec?;
-        Some(c.restart.unwrap_or(dec) + f64::from(tokens.saturating_sub(1)) * dec)
+        Some(delayed + c.restart.unwrap_or(dec) + f64::from(tokens.saturating_sub(1)) * dec)
     }
 
     /// T_dec as decisions use it at `load` streams (None until measured).

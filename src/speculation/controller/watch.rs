@@ -11,7 +11,8 @@
 //! load, a drafter whose confidence runs ahead of its acceptance). The requests that did
 //! speculate (10 % of their tokens or more) are timed against what plain decoding of them
 //! would have taken (first-token latency plus a decode step per token, both measured from
-//! relays), switches included.
+//! relays, plus what slowed the request's verify calls beyond their estimates), switches
+//! included.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -259,7 +260,8 @@ mod tests {
     }
 
     /// A request that ran through a load spike is not judged: its verify calls took three
-    /// times their estimates, and plain decoding would have slowed as much.
+    /// times their estimates, and plain decoding would have slowed as much. One that ran
+    /// through part of it is judged against plain decoding delayed as much.
     #[test]
     fn a_request_slowed_by_a_load_spike_is_not_judged() {
         use super::super::{Controller, StreamCtl};
@@ -281,6 +283,18 @@ mod tests {
         let plain = c.plain_seconds(&calm, 100).unwrap_or(0.0);
         assert!((plain - 100.0 * 0.012).abs() < 1e-9, "{plain}");
         assert_eq!(c.plain_seconds(&spiked, 100), None);
+        // Slowed less than that (part of the request in a spike): judged against plain
+        // decoding delayed by as much as the verify calls ran over 1.1x their estimates
+        // (the calm request's 2 % over them is jitter, and counts nothing).
+        let (mut slowed, mut over) = (StreamCtl::new(true, 3), 0.0);
+        for took in [30u32, 40, 42, 38] {
+            let expected = c.verify_cost_estimate(8, 1);
+            over += 0.001 * f64::from(took) - 1.1 * expected.unwrap_or(0.0);
+            slowed.note_verify(Duration::from_millis(took.into()), expected);
+        }
+        assert!(over > 0.015, "{over}");
+        let plain = c.plain_seconds(&slowed, 100).unwrap_or(0.0);
+        assert!((plain - (100.0 * 0.012 + over)).abs() < 1e-9, "{plain}");
     }
 
     #[test]

@@ -71,6 +71,8 @@ struct Stream {
     req: Request,
     done_requests: u32,
     tokens: u64,
+    /// Where the stream's rate is measured from: the start, or the end of its warm-up.
+    counted_from: Instant,
     finished_at: Option<Instant>,
 }
 
@@ -87,6 +89,9 @@ pub struct Sim<'a> {
     next_id: u64,
     /// Print every decision (`SPECD_SIM_TRACE`), read once: the harness makes millions.
     trace: bool,
+    /// Requests each stream runs before its rate is measured (`SPECD_SIM_WARM`, a
+    /// diagnostic: how much of a shortfall is the cold start).
+    warm: u32,
 }
 
 /// The true token at position `g`, and a wrong one.
@@ -113,6 +118,10 @@ impl<'a> Sim<'a> {
             out: Outcome::default(),
             next_id: 0,
             trace: std::env::var_os("SPECD_SIM_TRACE").is_some(),
+            warm: std::env::var("SPECD_SIM_WARM")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         }
     }
 
@@ -255,6 +264,7 @@ impl<'a> Sim<'a> {
 
 impl Sim<'_> {
     pub fn run(mut self) -> Outcome {
+        let start = self.start;
         let mut streams: Vec<Stream> = (0..self.sc.streams as u64)
             .map(|i| {
                 let (work, req) = self.new_request([i, 0]);
@@ -263,6 +273,7 @@ impl Sim<'_> {
                     req,
                     done_requests: 0,
                     tokens: 0,
+                    counted_from: start,
                     finished_at: None,
                 }
             })
@@ -308,7 +319,7 @@ impl Sim<'_> {
                 let t = s
                     .finished_at
                     .unwrap_or(end)
-                    .saturating_duration_since(self.start);
+                    .saturating_duration_since(s.counted_from);
                 s.tokens as f64 / t.as_secs_f64().max(1e-9)
             })
             .sum::<f64>()
@@ -536,7 +547,11 @@ impl Sim<'_> {
             }
         }
         s.done_requests += 1;
-        if s.done_requests >= self.sc.requests {
+        if s.done_requests == self.warm {
+            s.counted_from = self.now();
+            s.tokens = 0;
+        }
+        if s.done_requests >= self.sc.requests + self.warm {
             s.finished_at = Some(self.now());
             return Work::Finished;
         }
