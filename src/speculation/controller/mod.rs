@@ -403,11 +403,11 @@ impl Controller {
     /// place, by the measurements from relays: first-token latency, then a decode step per
     /// token, plus the time the request's verify calls ran over `SLOWED` times their
     /// estimates (a load spike or a stall that slowed them would have slowed plain
-    /// decoding as much, and the estimates, measured outside it, do not know it). None for a request whose verify
-    /// calls ran far slower than expected (`DISTURBED`). Without the overrun, requests
-    /// that spanned part of a load spike (verify calls 1.3-1.4x their estimates in all)
-    /// were judged slower than plain decoding, and `auto` passed the next ones through
-    /// while speculation paid.
+    /// decoding as much, and the estimates, measured outside it, do not know it). None
+    /// for a request whose verify calls ran far slower than expected (`DISTURBED`).
+    /// Without the overrun, requests that spanned part of a load spike (verify calls
+    /// 1.3-1.4x their estimates in all) were judged slower than plain decoding, and
+    /// `auto` passed the next ones through while speculation paid.
     pub fn plain_seconds(&self, s: &StreamCtl, tokens: u32) -> Option<f64> {
         let delayed = s.delayed()?;
         let c = self.costs.costs(self.load(), 1, 0, self.now());
