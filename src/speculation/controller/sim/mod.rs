@@ -142,14 +142,17 @@ const SIZES: [(usize, u32, u32, usize); 6] = [
     (64, 1, 240, 1),
 ];
 
+/// A number from the environment variable `name` (None when unset or not a number): the
+/// harness's diagnostic settings.
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 fn scenarios() -> Vec<Scenario> {
     let mut out = Vec::new();
     // SPECD_SIM_SEED0 draws another set of the same scenarios: a change tuned on this set
     // is checked on one it was not tuned on.
-    let mut seed: u64 = std::env::var("SPECD_SIM_SEED0")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    let mut seed: u64 = env_number("SPECD_SIM_SEED0").unwrap_or(1);
     let (acc, noise_set) = (acceptances(), noises());
     for &(streams, requests, tokens, seeds) in &SIZES {
         for (i, &(name, acceptance)) in acc.iter().enumerate() {
@@ -498,10 +501,7 @@ fn auto_cap_measurement() {
 #[test]
 #[ignore = "a diagnostic, not a check"]
 fn sim_trace() {
-    let seed: u64 = std::env::var("SPECD_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(142);
+    let seed: u64 = env_number("SPECD_SIM_SEED").unwrap_or(142);
     let _ = tracing_subscriber::fmt()
         .with_env_filter("specd=debug")
         .with_test_writer()

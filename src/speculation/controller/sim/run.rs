@@ -118,10 +118,7 @@ impl<'a> Sim<'a> {
             out: Outcome::default(),
             next_id: 0,
             trace: std::env::var_os("SPECD_SIM_TRACE").is_some(),
-            warm: std::env::var("SPECD_SIM_WARM")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
+            warm: super::env_number("SPECD_SIM_WARM").unwrap_or(0),
         }
     }
 
