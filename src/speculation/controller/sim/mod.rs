@@ -4,6 +4,7 @@
 //! (module documentation of `controller`) checked over all of them, the worst case of
 //! each printed.
 
+mod informed;
 mod model;
 mod run;
 

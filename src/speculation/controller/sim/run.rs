@@ -13,8 +13,8 @@ use crate::draft::{DrafterKind, Proposal};
 use crate::inflight::{InFlight, InFlightGuard};
 use crate::metrics::labels::StreamMode;
 use crate::speculation::controller::{
-    Active, Clock, Controller, ControllerConfig, Decision, RelayTracker, StreamCtl, Verifying,
-    VirtualClock, Watched,
+    expected_tokens, Active, Clock, Controller, ControllerConfig, Decision, RelayTracker,
+    StreamCtl, Verifying, VirtualClock, Watched,
 };
 
 const DRAFTER: DrafterKind = DrafterKind::Oracle;
@@ -27,6 +27,11 @@ pub enum Mode {
     Plain,
     Static(usize),
     Auto(usize),
+    /// Each round's K (up to the cap) chosen knowing what `auto` must learn: the script's
+    /// acceptance at the round's position and the model's noiseless costs, every stream
+    /// verifying in each step. The reference for how much of `auto`'s shortfall is
+    /// learning (`sim_informed`).
+    Informed(usize),
 }
 
 enum Work {
@@ -141,7 +146,7 @@ impl<'a> Sim<'a> {
         self.next_id += 1;
         let watched = match self.mode {
             Mode::Plain => false,
-            Mode::Static(_) => true,
+            Mode::Static(_) | Mode::Informed(_) => true,
             Mode::Auto(_) => self.ctl.watch_auto(),
         };
         let req = Request {
@@ -174,7 +179,7 @@ impl<'a> Sim<'a> {
     fn k_max(&self) -> usize {
         match self.mode {
             Mode::Plain => 0,
-            Mode::Static(k) | Mode::Auto(k) => k,
+            Mode::Static(k) | Mode::Auto(k) | Mode::Informed(k) => k,
         }
     }
 
@@ -208,6 +213,19 @@ impl<'a> Sim<'a> {
         p
     }
 
+    /// `Mode::Informed`'s K: the best expected rate of a round started at position `g`.
+    fn informed_k(&self, g: u32, cap: usize) -> usize {
+        let streams = self.sc.streams;
+        let p: Vec<f64> = (0..cap).map(|i| self.sc.acceptance.p(g, i)).collect();
+        let rate = |k: usize| {
+            let verify = self.up.step_cost(streams, true, streams * k);
+            expected_tokens(&p, k) / verify
+        };
+        (1..=cap)
+            .max_by(|&a, &b| rate(a).total_cmp(&rate(b)))
+            .unwrap_or(0)
+    }
+
     fn remaining(&self, r: &Request) -> u32 {
         self.sc.tokens - r.generated
     }
@@ -224,7 +242,9 @@ impl<'a> Sim<'a> {
         } else {
             SpecMode::On
         };
-        let decision = if decided {
+        let decision = if let Mode::Informed(_) = self.mode {
+            Decision::Speculate(self.informed_k(r.generated, p.tokens.len()))
+        } else if decided {
             Decision::Speculate(p.tokens.len())
         } else {
             self.ctl
