@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::model::{Acceptance, Scenario};
 use super::run::{Mode, Sim};
-use super::{describe, evaluate, scenarios, Result, AUTO_CAP};
+use super::{describe, evaluate, par_map, scenarios, Result, AUTO_CAP};
 
 /// `auto` and the informed controller over one scenario: (auto, informed) / best static.
 fn ratios(sc: Scenario) -> (Result, f64, f64) {
@@ -36,24 +36,7 @@ fn sim_informed() {
             )
         })
         .collect();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let set = &set;
-    let rows: Vec<(Result, f64, f64)> = std::thread::scope(|s| {
-        let parts: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || {
-                    (t..set.len())
-                        .step_by(threads)
-                        .map(|i| ratios(set[i]))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        parts
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    });
+    let rows = par_map(&set, ratios);
     let list = std::env::var_os("SPECD_SIM_LIST").is_some();
     let wins: Vec<_> = rows
         .iter()

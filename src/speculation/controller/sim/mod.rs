@@ -212,19 +212,24 @@ fn evaluate(sc: Scenario) -> Result {
     }
 }
 
-/// Every scenario evaluated, in order, on as many threads as the machine has (each run
-/// is independent and deterministic, so the results do not depend on the split).
+/// Every scenario evaluated, in order (see `par_map`).
 fn evaluate_all(set: Vec<Scenario>) -> Vec<Result> {
+    par_map(&set, evaluate)
+}
+
+/// `f` over every scenario, in order, on as many threads as the machine has (each run
+/// is independent and deterministic, so the results do not depend on the split).
+fn par_map<T: Send>(set: &[Scenario], f: impl Fn(Scenario) -> T + Sync) -> Vec<T> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let set = &set;
-    let mut out: Vec<(usize, Result)> = std::thread::scope(|s| {
+    let f = &f;
+    let mut out: Vec<(usize, T)> = std::thread::scope(|s| {
         // Round robin: the large scenarios come last in the set.
         let parts: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
                     (t..set.len())
                         .step_by(threads)
-                        .map(|i| (i, evaluate(set[i])))
+                        .map(|i| (i, f(set[i])))
                         .collect::<Vec<_>>()
                 })
             })
