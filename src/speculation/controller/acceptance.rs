@@ -21,6 +21,17 @@ const RESIDUAL_JUMP: f64 = 0.3;
 /// nothing snapped them back (docs/controller.md, "Guarantees": (a) 0.849 -> 0.897).
 const SNAP_UP_SIGMAS: f64 = 3.0;
 const SNAP_DOWN_SIGMAS: f64 = 4.0;
+/// In a batch of several streams the residual counts only as far as it exceeds its own
+/// noise (`Residual::quieted`). There each stream's K is weighed against the whole step,
+/// whose verify cost every stream's drafts raise (with 8 streams in the harness's model,
+/// 1.2 ms a draft against 0.15 ms for one stream), so the slow residual's noise (about
+/// 0.05 at acceptance 0.9) moved K from 16 to 5–11 on chance runs of rejections, at a
+/// quarter of the round's tokens. A stream alone keeps the residual whole: its K hardly
+/// depends on it, and a change of acceptance must show at once (docs/controller.md,
+/// "The acceptance estimate's precision").
+const QUIET_VARIANCES: f64 = 4.0;
+/// Weight of one observation in what the streams' residuals have in common.
+const COMMON_RATE: f64 = 0.02;
 
 /// Positions calibrated apart: every one K can reach (deeper ones share the last).
 const POSITIONS: usize = K_TRACKED;
@@ -38,6 +49,10 @@ const PRIOR_WEIGHT: f64 = 8.0;
 struct Calibration {
     rate: [[f64; 10]; POSITIONS],
     n: [[u32; 10]; POSITIONS],
+    /// What the streams' residuals have in common (an average over every observation of
+    /// the observing stream's residual): the calibration's own lag, e.g. while acceptance
+    /// ramps down for all of them, which `Residual::quieted` keeps.
+    common: f64,
 }
 
 impl Default for Calibration {
@@ -45,6 +60,7 @@ impl Default for Calibration {
         Calibration {
             rate: [[0.0; 10]; POSITIONS],
             n: [[0; 10]; POSITIONS],
+            common: 0.0,
         }
     }
 }
@@ -89,6 +105,23 @@ pub struct Residual {
 impl Residual {
     pub fn value(&self) -> f64 {
         self.slow
+    }
+
+    /// The residual as far as it stands out from its own noise at acceptance `q`: its
+    /// departure from what all streams' residuals have in common (`common`) shrunk towards
+    /// 0 by `QUIET_VARIANCES` times the variance of the slow estimate of Bernoulli(q)
+    /// outcomes (James–Stein, positive part). A departure several standard deviations
+    /// out is kept nearly whole; one within the noise counts little.
+    fn quieted(&self, q: f64, common: f64) -> f64 {
+        let q = q.clamp(0.01, 0.99);
+        let v = QUIET_VARIANCES * RESIDUAL_SLOW / (2.0 - RESIDUAL_SLOW) * q * (1.0 - q);
+        let own = self.slow - common;
+        let r2 = own * own;
+        if r2 <= v {
+            common
+        } else {
+            common + own * (1.0 - v / r2)
+        }
     }
 }
 
@@ -139,17 +172,21 @@ impl AcceptanceModel {
                 slow = fast;
             }
             d.learn(i, c, i < accepted);
+            d.common += COMMON_RATE * (slow - d.common);
         }
         r.slow = slow;
         r.fast = fast;
     }
 
-    /// p_i for each proposed token: the calibrated confidence plus the stream's residual.
+    /// p_i for each proposed token: the calibrated confidence plus the stream's residual
+    /// (`together`: the streams of the loop, this one included, which verify in the same
+    /// steps while the batch speculates).
     pub(super) fn per_position(
         &self,
         r: &Residual,
         drafter: DrafterKind,
         conf: &[f32],
+        together: usize,
     ) -> Vec<f64> {
         let Ok(g) = self.drafters.lock() else {
             return Vec::new();
@@ -157,7 +194,41 @@ impl AcceptanceModel {
         let d = &g[drafter.index()];
         conf.iter()
             .enumerate()
-            .map(|(i, &c)| (d.calibrated(i, c) + r.slow).clamp(0.01, 0.99))
+            .map(|(i, &c)| {
+                let q = d.calibrated(i, c);
+                let r = if together > 1 {
+                    r.quieted(q, d.common)
+                } else {
+                    r.slow
+                };
+                (q + r).clamp(0.01, 0.99)
+            })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Confidence 0.9 with nothing learned yet: the calibration says 0.9.
+    fn estimate(slow: f64, together: usize) -> f64 {
+        let r = Residual { slow, fast: slow };
+        AcceptanceModel::default().per_position(&r, DrafterKind::Oracle, &[0.9], together)[0]
+    }
+
+    #[test]
+    fn in_a_batch_the_residual_counts_as_far_as_it_exceeds_its_noise() {
+        // Within the slow estimate's noise (about 0.05 at 0.9): whole for a stream alone,
+        // nothing in a batch.
+        assert!((estimate(-0.05, 1) - 0.85).abs() < 1e-6);
+        assert!((estimate(-0.05, 8) - 0.9).abs() < 1e-6);
+        // Far beyond it (acceptance fell): nearly whole in a batch too.
+        assert!((estimate(-0.4, 1) - 0.5).abs() < 1e-6);
+        let batch = estimate(-0.4, 8);
+        assert!(batch > 0.5 && batch < 0.53, "{batch}");
+        // Upwards alike.
+        assert!((estimate(0.05, 8) - 0.9).abs() < 1e-6);
+        assert!(estimate(0.08, 1) > estimate(0.08, 8));
     }
 }

@@ -69,9 +69,12 @@ impl Controller {
         let now = self.now();
         let load = self.load();
         let kp = proposal.tokens.len();
-        let p = self
-            .acceptance
-            .per_position(s.residual(drafter), drafter, &proposal.confidence);
+        let p = self.acceptance.per_position(
+            s.residual(drafter),
+            drafter,
+            &proposal.confidence,
+            self.load.in_loop(),
+        );
         let t_draft = self.costs.draft_cost_per_round(drafter);
         // The batch speculates or relays as one (`batch.rs`): when it speculates, the
         // streams of the loop share its verify steps and only the sequences outside the

@@ -95,7 +95,10 @@
 //!   itself, that of a later one the position before it), plus a per-stream
 //!   residual that tracks how this stream deviates from it right now. Observations come
 //!   from verify rounds and, while relaying, from checking shadow proposals against the
-//!   tokens the upstream streams back — so acceptance stays fresh in both modes.
+//!   tokens the upstream streams back — so acceptance stays fresh in both modes. In a
+//!   batch of several streams, a residual counts only as far as it stands out from its
+//!   noise and from what all streams' residuals share (a stream's K is weighed against
+//!   the whole step there, and chance runs of rejections moved it).
 //! - "Others" are, while the batch relays, this server's relaying streams and passthrough
 //!   requests, plus the upstream's running requests (from its `/metrics`) beyond what
 //!   this server can have had there when they were read — clients that bypass specd.
@@ -438,7 +441,7 @@ impl Controller {
         conf: &[f32],
     ) -> Vec<f64> {
         self.acceptance
-            .per_position(s.residual(drafter), drafter, conf)
+            .per_position(s.residual(drafter), drafter, conf, self.load.in_loop())
     }
 
     /// A watched `auto` request ended.

@@ -55,9 +55,9 @@ impl Controller {
         if conf.is_empty() {
             return Some(0.0);
         }
-        let p = self
-            .acceptance
-            .per_position(s.residual(drafter), drafter, conf);
+        let p =
+            self.acceptance
+                .per_position(s.residual(drafter), drafter, conf, self.load.in_loop());
         let spec = self.load.speculating();
         let costs = self.costs.costs(self.load(), spec, conf.len(), self.now());
         let t_draft = self.costs.draft_cost_per_round(drafter);
