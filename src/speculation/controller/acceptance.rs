@@ -21,12 +21,12 @@ const RESIDUAL_JUMP: f64 = 0.3;
 /// nothing snapped them back (docs/controller.md, "Guarantees": (a) 0.849 -> 0.897).
 const SNAP_UP_SIGMAS: f64 = 3.0;
 const SNAP_DOWN_SIGMAS: f64 = 4.0;
-/// In a batch of several streams the residual counts only as far as it exceeds its own
-/// noise (`Residual::quieted`). There each stream's K is weighed against the whole step,
-/// whose verify cost every stream's drafts raise (with 8 streams in the harness's model,
-/// 1.2 ms a draft against 0.15 ms for one stream), so the slow residual's noise (about
-/// 0.05 at acceptance 0.9) moved K from 16 to 5–11 on chance runs of rejections, at a
-/// quarter of the round's tokens. A stream alone keeps the residual whole: its K hardly
+/// In a batch of several streams the residual counts only as far as it stands out from
+/// its own noise and from the streams' common residual (`Residual::quieted`). There each
+/// stream's K is weighed against the whole step, whose verify cost every stream's drafts
+/// raise (with 8 streams in the harness's model, 1.2 ms a draft against 0.15 ms for one
+/// stream), so the slow residual's noise (about 0.05 at acceptance 0.9) moved K from 16
+/// to 5–11 on chance runs of rejections, each such round yielding 14–44 % fewer tokens. A stream alone keeps the residual whole: its K hardly
 /// depends on it, and a change of acceptance must show at once (docs/controller.md,
 /// "The acceptance estimate's precision").
 const QUIET_VARIANCES: f64 = 4.0;
