@@ -26,9 +26,10 @@ const SNAP_DOWN_SIGMAS: f64 = 4.0;
 /// stream's K is weighed against the whole step, whose verify cost every stream's drafts
 /// raise (with 8 streams in the harness's model, 1.2 ms a draft against 0.15 ms for one
 /// stream), so the slow residual's noise (about 0.05 at acceptance 0.9) moved K from 16
-/// to 5–11 on chance runs of rejections, each such round yielding 14–44 % fewer tokens. A stream alone keeps the residual whole: its K hardly
-/// depends on it, and a change of acceptance must show at once (docs/controller.md,
-/// "The acceptance estimate's precision").
+/// to 5–11 on chance runs of rejections, each such round yielding 14–44 % fewer tokens.
+/// A stream alone keeps the residual whole: its K hardly depends on it, and a change of
+/// acceptance must show at once (docs/controller.md, "The acceptance estimate's
+/// precision").
 const QUIET_VARIANCES: f64 = 4.0;
 /// Weight of one observation in what the streams' residuals have in common.
 const COMMON_RATE: f64 = 0.02;
