@@ -95,6 +95,12 @@ impl Calibration {
     }
 }
 
+/// The stationary variance of an exponential average (weight `rate` per observation) of
+/// Bernoulli(`q`) outcomes: the noise of a residual estimate at acceptance `q`.
+fn ewma_variance(rate: f64, q: f64) -> f64 {
+    rate / (2.0 - rate) * q * (1.0 - q)
+}
+
 /// How one stream's acceptance deviates from its drafter's calibration right now.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Residual {
@@ -115,7 +121,7 @@ impl Residual {
     /// out is kept nearly whole; one within the noise counts little.
     fn quieted(&self, q: f64, common: f64) -> f64 {
         let q = q.clamp(0.01, 0.99);
-        let v = QUIET_VARIANCES * RESIDUAL_SLOW / (2.0 - RESIDUAL_SLOW) * q * (1.0 - q);
+        let v = QUIET_VARIANCES * ewma_variance(RESIDUAL_SLOW, q);
         let own = self.slow - common;
         let r2 = own * own;
         if r2 <= v {
@@ -163,7 +169,7 @@ impl AcceptanceModel {
             // Snap when the fast estimate is further off than its own noise allows
             // (standard deviations of an EWMA of Bernoulli(p) outcomes).
             let q = (base + slow).clamp(0.01, 0.99);
-            let noise = (RESIDUAL_FAST / (2.0 - RESIDUAL_FAST) * q * (1.0 - q)).sqrt();
+            let noise = ewma_variance(RESIDUAL_FAST, q).sqrt();
             let sigmas = if fast < slow {
                 SNAP_DOWN_SIGMAS
             } else {
