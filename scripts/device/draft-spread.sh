@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The same 32-stream measurement in separate processes: how far its time spreads, and what
-# differs between a fast and a slow process. Measured on an NVIDIA H100 80GB HBM3 and an NVIDIA H200.
+# differs between a fast and a slow process. Measured on an NVIDIA H100 80GB HBM3 and an
+# NVIDIA H200.
 # Needs what draft-bench.sh needs; the model comes from a draft-bench.sh run (made here
 # when missing). Per process it prints ms per step (median of REPEAT timed runs of 128
 # tokens), the engine's step count and mean rows per step over the whole process, the SM
