@@ -154,6 +154,15 @@ impl Best {
     }
 }
 
+impl Best {
+    /// This round covers the rest of the generation and is expected to yield more than half
+    /// of it: the generation's last round, short because the cap is, and as good as won
+    /// (two plain steps at least for what one verify yields).
+    pub(super) fn ends(&self, remaining: usize) -> bool {
+        remaining <= self.k + 1 && 2.0 * self.tokens > remaining as f64
+    }
+}
+
 impl Costs {
     /// A round of the first `k` drafts: expected tokens net of the others' loss, and time.
     pub(super) fn round(

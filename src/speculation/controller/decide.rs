@@ -163,7 +163,7 @@ impl Controller {
             (None, Some(b))
                 if s.may_relay
                     && !self.batch.probing()
-                    && b.wins_unmeasured(x.load)
+                    && (b.wins_unmeasured(x.load) || b.ends(remaining))
                     && self.costs.defer_probe(x.load, margin(&b), self.now()) =>
             {
                 Decision::Speculate(b.k)

@@ -151,6 +151,8 @@ mod decide;
 mod ewma;
 mod load;
 mod pacing;
+#[cfg(test)]
+mod probe_tests;
 pub mod relay;
 #[cfg(test)]
 mod sim;

@@ -3,7 +3,7 @@ use crate::config::SpecMode;
 use crate::draft::Proposal;
 use std::time::Instant;
 
-fn ctl() -> Arc<Controller> {
+pub(super) fn ctl() -> Arc<Controller> {
     Arc::new(Controller::new(
         ControllerConfig {
             probe_interval: Duration::from_secs(3600),
@@ -15,7 +15,7 @@ fn ctl() -> Arc<Controller> {
 }
 
 /// A controller on a virtual clock, probing every 10 s.
-fn ctl_on(clock: &Arc<VirtualClock>) -> Arc<Controller> {
+pub(super) fn ctl_on(clock: &Arc<VirtualClock>) -> Arc<Controller> {
     Arc::new(
         Controller::new(
             ControllerConfig {
@@ -29,11 +29,11 @@ fn ctl_on(clock: &Arc<VirtualClock>) -> Arc<Controller> {
     )
 }
 
-fn ms(x: f64) -> Duration {
+pub(super) fn ms(x: f64) -> Duration {
     Duration::from_secs_f64(x / 1000.0)
 }
 
-fn proposal(k: usize, conf: f32) -> Proposal {
+pub(super) fn proposal(k: usize, conf: f32) -> Proposal {
     Proposal {
         tokens: (0..k as u32).collect(),
         confidence: vec![conf; k],
@@ -52,7 +52,7 @@ fn field(c: &Controller) {
 }
 
 /// Teach the stream an acceptance rate `p` (conditional, every position).
-fn teach(c: &Controller, s: &mut StreamCtl, p: f64, conf: f32) {
+pub(super) fn teach(c: &Controller, s: &mut StreamCtl, p: f64, conf: f32) {
     let mut rng = fastrand::Rng::with_seed(3);
     for _ in 0..400 {
         let n = (0..8).take_while(|_| rng.f64() < p).count();
@@ -268,69 +268,6 @@ fn the_loss_imposed_on_decoding_streams_is_charged() {
 }
 
 #[test]
-fn cold_start_measures_verify_then_decode() {
-    let c = ctl();
-    let _me = c.enter();
-    let mut s = StreamCtl::new(true, 1);
-    // Nothing known: verify what there is, relay when there is nothing.
-    assert_eq!(
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(3, 0.5),
-            100
-        ),
-        Decision::Speculate(3)
-    );
-    assert_eq!(
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(0, 0.5),
-            100
-        ),
-        Decision::Relay { probe: false }
-    );
-    // Verify cost known, decode cost not: one stream probes plain decoding.
-    c.record_verify(3, 1, ms(30.0));
-    assert_eq!(
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(3, 0.5),
-            100
-        ),
-        Decision::Relay { probe: true }
-    );
-    assert_eq!(
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(3, 0.5),
-            100
-        ),
-        Decision::Relay { probe: false },
-        "the probe is claimed once per interval; without a decode cost the others relay"
-    );
-    // A seeded sampled stream may not relay: it verifies.
-    let mut seeded = StreamCtl::new(false, 2);
-    assert_eq!(
-        c.plan_round(
-            &mut seeded,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(3, 0.5),
-            100
-        ),
-        Decision::Speculate(3)
-    );
-}
-
-#[test]
 fn resume_needs_the_saving_to_cover_the_switch() {
     let c = ctl();
     field(&c);
@@ -486,60 +423,6 @@ fn a_decode_cost_as_high_as_a_verify_is_not_believed() {
     c.record_decode(1, 0.012);
     let d = c.decode_cost_estimate(1).unwrap_or(0.0);
     assert!((d - 0.012).abs() < 1e-9, "{d}");
-}
-
-#[test]
-fn a_round_that_wins_by_far_defers_the_first_decode_probe() {
-    let clock = Arc::new(VirtualClock::default());
-    let c = ctl_on(&clock);
-    let _me = c.enter();
-    let mut s = StreamCtl::new(true, 1);
-    teach(&c, &mut s, 0.99, 0.9);
-    c.record_verify(16, 1, ms(30.0));
-    let mut plan = |c: &Controller, remaining: usize| {
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Oracle,
-            &proposal(16, 0.9),
-            remaining,
-        )
-    };
-    // No decode cost yet, but more tokens a round than a verify costs decode steps.
-    assert!(matches!(plan(&c, 1000), Decision::Speculate(k) if k > 6));
-    let start = clock.now();
-    // A quarter interval for each time the round's 15.7 tokens hold the 6 that break even.
-    clock.advance_to(start + Duration::from_secs(6));
-    assert!(matches!(plan(&c, 1000), Decision::Speculate(_)), "deferred");
-    clock.advance_to(start + Duration::from_secs(9));
-    // Near the end of a generation the round is short because the cap is: up to the
-    // whole interval.
-    assert!(
-        matches!(plan(&c, 20), Decision::Speculate(_)),
-        "deferred near the end"
-    );
-    assert_eq!(
-        plan(&c, 1000),
-        Decision::Relay { probe: true },
-        "then measured"
-    );
-
-    // A step of 20 streams × 17 tokens may be compute-bound: no deferral there.
-    let c = ctl();
-    let _all: Vec<_> = (0..20).map(|_| c.enter()).collect();
-    let mut s = StreamCtl::new(true, 1);
-    teach(&c, &mut s, 0.99, 0.9);
-    c.record_verify(16, 20, ms(30.0));
-    assert_eq!(
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Oracle,
-            &proposal(16, 0.9),
-            1000
-        ),
-        Decision::Relay { probe: true }
-    );
 }
 
 #[test]
