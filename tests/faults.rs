@@ -162,6 +162,36 @@ async fn passthrough_streams_cut_by_the_upstream_end_with_an_error_event() {
     assert_eq!(metric_value(&m, cut), Some(2.0), "{m}");
 }
 
+/// A connection the upstream closes before answering (an idle keep-alive connection it
+/// closed as specd sent on it) is no answer: a passed-through request whose body specd
+/// holds is sent again, as a verify call is, and the client sees nothing of it.
+#[tokio::test]
+async fn passthrough_requests_are_sent_again_when_the_connection_closes_unanswered() {
+    let (up, specd) = start(&["--speculation", "off"]).await;
+    let p = prompt(7);
+    up.fail_times(Call::Stream, Fault::Drop, 2);
+    let (s, events, done) =
+        post_stream(&specd.url, "/v1/completions", &body(&p, 12, "off", true)).await;
+    assert!(s == 200 && done, "{s}");
+    assert_eq!(stream_token_ids(&events), continuation(&p, 12));
+    assert!(events.iter().all(|e| error_of(e).is_none()));
+    assert_eq!(up.calls(Call::Stream), 3);
+    up.fail_times(Call::Complete, Fault::Drop, 1);
+    let (s, v) = post(&specd.url, "/v1/completions", &body(&p, 12, "off", false)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(token_ids(&v), continuation(&p, 12));
+    // Bounded: three in a row are the upstream's failure, a 502.
+    up.fail_times(Call::Stream, Fault::Drop, 3);
+    let before = up.calls(Call::Stream);
+    let (s, v) = post(&specd.url, "/v1/completions", &body(&p, 12, "off", true)).await;
+    assert_eq!(s, 502, "{v}");
+    assert_eq!(v["error"]["code"], 502, "{v}");
+    assert_eq!(up.calls(Call::Stream) - before, 3);
+    let m = specd.metrics().await;
+    let dropped = "specd_upstream_errors_total{kind=\"protocol\"}";
+    assert_eq!(metric_value(&m, dropped), Some(6.0), "{m}");
+}
+
 #[tokio::test]
 async fn verify_timeout_bounds_a_hung_upstream() {
     // 3 s: far above a 30 ms verify even on a loaded machine, so only the hang times out.

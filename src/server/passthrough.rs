@@ -12,6 +12,7 @@ use super::observe::{route_label, ObservedBody, Outcome};
 use super::Shared;
 use crate::error::ApiError;
 use crate::metrics::labels::{PassthroughReason, StreamMode};
+use crate::upstream::retry;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) are never forwarded; nor is Host, which names
 /// specd, or Content-Length, which the client library recomputes.
@@ -49,6 +50,16 @@ pub fn end_to_end(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
+/// A forwarded request's body.
+pub enum Payload {
+    /// Bytes specd holds: a send that failed before any answer came (a pooled connection
+    /// the upstream closed as it was used, a reset) is repeated, as a verify call is —
+    /// nothing of the answer has reached the client.
+    Bytes(Bytes),
+    /// The client's body as it streams in: sent once.
+    Stream(reqwest::Body),
+}
+
 /// Every route specd does not handle itself.
 pub async fn any(State(st): State<Shared>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
@@ -58,7 +69,7 @@ pub async fn any(State(st): State<Shared>, req: Request) -> Response {
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
     let route = route_label(parts.uri.path());
-    let body = reqwest::Body::wrap_stream(body.into_data_stream());
+    let body = Payload::Stream(reqwest::Body::wrap_stream(body.into_data_stream()));
     forward(
         &st,
         parts.method,
@@ -79,7 +90,7 @@ pub async fn upstream_metrics(State(st): State<Shared>, req: Request) -> Respons
         Method::GET,
         "/metrics",
         &headers,
-        reqwest::Body::from(Bytes::new()),
+        Payload::Bytes(Bytes::new()),
         "other",
         None,
     )
@@ -93,7 +104,7 @@ pub async fn forward(
     method: Method,
     path_q: &str,
     headers: &HeaderMap,
-    body: reqwest::Body,
+    body: Payload,
     route: &'static str,
     reason: Option<PassthroughReason>,
 ) -> Response {
@@ -106,17 +117,20 @@ pub async fn forward(
     let in_flight = st.in_flight.enter(StreamMode::Passthrough);
     let mut outcome = Outcome::new(st.metrics.clone(), route, in_flight);
     let up = &st.upstream;
-    let result = up
-        .client
-        .request(method, up.url(path_q))
-        .headers(end_to_end(headers))
-        .body(body)
-        .send()
-        .await;
+    let (url, headers) = (up.url(path_q), end_to_end(headers));
+    let send = |body: reqwest::Body| {
+        let req = up.client.request(method.clone(), url.clone());
+        let req = req.headers(headers.clone()).body(body);
+        async move { req.send().await.map_err(|e| up.map_send_error(e)) }
+    };
+    let result = match body {
+        Payload::Bytes(b) => retry(path_q, || send(reqwest::Body::from(b.clone()))).await,
+        Payload::Stream(b) => send(b).await,
+    };
     let resp = match result {
         Ok(r) => r,
-        Err(e) => {
-            let err = up.map_send_error(e);
+        Err(err) => {
+            tracing::warn!(error = %err, path = path_q, "passthrough request failed");
             outcome.set_status(err.status().as_u16());
             outcome.complete();
             return err.into_response();
@@ -157,7 +171,7 @@ pub async fn forward_bytes(
         Method::POST,
         path,
         headers,
-        reqwest::Body::from(body),
+        Payload::Bytes(body),
         route,
         Some(reason),
     )

@@ -62,7 +62,7 @@ fn backoff(attempt: u32) -> Duration {
 
 /// Run `call` up to [`ATTEMPTS`] times while it fails transiently (see [`is_transient`]),
 /// pausing [`backoff`] between attempts.
-async fn retry<T, F, Fut>(path: &str, mut call: F) -> Result<T, ApiError>
+pub(crate) async fn retry<T, F, Fut>(path: &str, mut call: F) -> Result<T, ApiError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, ApiError>>,
@@ -380,17 +380,31 @@ impl Upstream {
     }
 
     pub fn map_send_error(&self, e: reqwest::Error) -> ApiError {
+        let message = with_causes(&e);
         if e.is_timeout() {
             self.count_error("timeout");
-            ApiError::UpstreamTimeout(e.to_string())
+            ApiError::UpstreamTimeout(message)
         } else if e.is_connect() {
             self.count_error("connect");
-            ApiError::UpstreamUnreachable(e.to_string())
+            ApiError::UpstreamUnreachable(message)
         } else {
             self.count_error("protocol");
-            ApiError::UpstreamUnreachable(e.to_string())
+            ApiError::UpstreamUnreachable(message)
         }
     }
+}
+
+/// An error with the chain of its causes: reqwest's own message ("error sending request
+/// for url …") leaves out what happened (a refused connection, one the upstream closed).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
 }
 
 /// A failure another attempt may not see: the connection (not the answer) failed, or a

@@ -58,6 +58,9 @@ pub enum Fault {
     Hang,
     /// Streams: close the connection after this many tokens. Others: after half the body.
     Cut(usize),
+    /// Close the connection without answering, as a server does that closes an idle
+    /// keep-alive connection just as a request is sent on it.
+    Drop,
 }
 
 #[derive(Debug, Clone)]

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
 
 use super::chat;
 use super::completions::{self, InFlight};
@@ -27,7 +28,12 @@ impl St {
     }
 }
 
-pub(super) async fn handle(st: Arc<St>, req: Request<hyper::body::Incoming>) -> Response {
+/// Answer one request; `close` closes its connection unanswered (`Fault::Drop`).
+pub(super) async fn handle(
+    st: Arc<St>,
+    req: Request<hyper::body::Incoming>,
+    close: CancellationToken,
+) -> Response {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let bytes = body
@@ -66,6 +72,10 @@ pub(super) async fn handle(st: Arc<St>, req: Request<hyper::body::Incoming>) -> 
         Some(Fault::Status(s)) => return error(s, "fault injected by the fake upstream"),
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
         Some(Fault::Hang) => std::future::pending::<()>().await,
+        Some(Fault::Drop) => {
+            close.cancel();
+            std::future::pending::<()>().await
+        }
         _ => {}
     }
     match path.as_str() {

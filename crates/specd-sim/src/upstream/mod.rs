@@ -292,14 +292,19 @@ async fn serve_conn<S>(io: S, st: Arc<St>, stop: CancellationToken)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = hyper::service::service_fn(move |req| {
-        let st = st.clone();
-        async move { Ok::<_, std::convert::Infallible>(api::handle(st, req).await) }
-    });
+    let close = CancellationToken::new();
+    let svc = {
+        let close = close.clone();
+        hyper::service::service_fn(move |req| {
+            let (st, close) = (st.clone(), close.clone());
+            async move { Ok::<_, std::convert::Infallible>(api::handle(st, req, close).await) }
+        })
+    };
     let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc);
     // Dropping the connection closes the socket at once, whatever it was sending.
     tokio::select! {
         _ = conn => {}
         _ = stop.cancelled() => {}
+        _ = close.cancelled() => {}
     }
 }
