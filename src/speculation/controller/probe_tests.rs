@@ -14,63 +14,30 @@ use crate::draft::DrafterKind;
 fn cold_start_measures_verify_then_decode() {
     let c = ctl();
     let _me = c.enter();
+    let plan = |s: &mut StreamCtl, k: usize| {
+        c.plan_round(
+            s,
+            SpecMode::Auto,
+            DrafterKind::Ngram,
+            &proposal(k, 0.5),
+            100,
+        )
+    };
     let mut s = StreamCtl::new(true, 1);
     // Nothing known: verify what there is, relay when there is nothing.
-    assert_eq!(
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(3, 0.5),
-            100
-        ),
-        Decision::Speculate(3)
-    );
-    assert_eq!(
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(0, 0.5),
-            100
-        ),
-        Decision::Relay { probe: false }
-    );
+    assert_eq!(plan(&mut s, 3), Decision::Speculate(3));
+    assert_eq!(plan(&mut s, 0), Decision::Relay { probe: false });
     // Verify cost known, decode cost not: one stream probes plain decoding.
     c.record_verify(3, 1, ms(30.0));
+    assert_eq!(plan(&mut s, 3), Decision::Relay { probe: true });
     assert_eq!(
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(3, 0.5),
-            100
-        ),
-        Decision::Relay { probe: true }
-    );
-    assert_eq!(
-        c.plan_round(
-            &mut s,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(3, 0.5),
-            100
-        ),
+        plan(&mut s, 3),
         Decision::Relay { probe: false },
         "the probe is claimed once per interval; without a decode cost the others relay"
     );
     // A seeded sampled stream may not relay: it verifies.
     let mut seeded = StreamCtl::new(false, 2);
-    assert_eq!(
-        c.plan_round(
-            &mut seeded,
-            SpecMode::Auto,
-            DrafterKind::Ngram,
-            &proposal(3, 0.5),
-            100
-        ),
-        Decision::Speculate(3)
-    );
+    assert_eq!(plan(&mut seeded, 3), Decision::Speculate(3));
 }
 
 #[test]
