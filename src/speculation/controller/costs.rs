@@ -152,12 +152,11 @@ impl Best {
     pub(super) fn wins_unmeasured(&self, load: usize) -> bool {
         self.tokens > RATIO_MAX && load.max(1) * (self.k + 1) <= MEMORY_BOUND_TOKENS
     }
-}
 
-impl Best {
     /// This round covers the rest of the generation and is expected to yield more than half
-    /// of it: the generation's last round, short because the cap is, and as good as won
-    /// (two plain steps at least for what one verify yields).
+    /// of it: the generation's last round, short because the tokens left are few. Relaying
+    /// them instead, to time plain decoding, costs a relay start and a step a token, about
+    /// what this round and one more cost even at `RATIO_MAX` decode steps a verify.
     pub(super) fn ends(&self, remaining: usize) -> bool {
         remaining <= self.k + 1 && 2.0 * self.tokens > remaining as f64
     }
