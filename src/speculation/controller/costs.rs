@@ -530,6 +530,12 @@ pub(super) const RATIO_MAX: f64 = 6.0;
 const MEMORY_BOUND_TOKENS: usize = 256;
 
 impl Costs {
+    /// The generation's last token costs less drawn by a verify call without drafts than
+    /// by a relay started for it: a relay's start is all it would relay.
+    pub(super) fn verify_ends_sooner(&self) -> bool {
+        matches!((self.ver.first().copied().flatten(), self.restart), (Some(v), Some(r)) if v <= r)
+    }
+
     /// How much more than a decode step (re)starting a relay costs.
     pub(super) fn restart_extra(&self, dec: f64) -> f64 {
         self.restart.map_or(0.0, |r| (r - dec).max(0.0))

@@ -156,7 +156,9 @@ impl Controller {
         match (x.costs.dec, best) {
             // Never measured a verify round: measure one if there is anything to verify.
             (_, None) if kp > 0 => Decision::Speculate(kp),
-            (_, None) if !s.may_relay => Decision::Speculate(0),
+            (_, None) if !s.may_relay || (remaining <= 1 && x.costs.verify_ends_sooner()) => {
+                Decision::Speculate(0)
+            }
             (_, None) => Decision::Relay { probe: false },
             // Decode cost unknown, but the round wins under any plausible one: speculate,
             // and measure it later (`CostModel::defer_probe`).

@@ -329,6 +329,35 @@ fn no_relay_restart_for_the_last_few_tokens() {
     );
 }
 
+/// The last token with nothing drafted: a verify call without drafts where it costs no
+/// more than starting a relay (whose start would be all it relays); a relay otherwise,
+/// and wherever more tokens are left.
+#[test]
+fn the_last_token_is_verified_where_a_relay_start_costs_more() {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, 0.9, 0.5);
+    let mut plan = |remaining| {
+        c.plan_round(
+            &mut s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(0, 0.5),
+            remaining,
+        )
+    };
+    // A verify without drafts 29.5 ms, a relay start 31 ms.
+    assert_eq!(plan(1), Decision::Speculate(0));
+    assert_eq!(plan(5), Decision::Relay { probe: false });
+    // Relay starts at 20 ms: the relay.
+    for _ in 0..20 {
+        c.record_relay_start(1, ms(20.0));
+    }
+    assert_eq!(plan(1), Decision::Relay { probe: false });
+}
+
 #[test]
 fn clients_that_bypass_specd_count_as_decoding_streams() {
     let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
