@@ -170,6 +170,10 @@ impl Specd {
             ])
             .args(extra)
             .env_remove("SPECD_LOG")
+            // A verify or relay call to the CPU vLLM on a loaded 2-core machine (vLLM
+            // servers starting beside the test) can outlast the 30 s meant for a GPU
+            // server; a test that times out on purpose passes `--verify-timeout`.
+            .env("SPECD_VERIFY_TIMEOUT", "300")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

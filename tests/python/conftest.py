@@ -32,6 +32,9 @@ def start_specd(upstream: str, *extra: str):
     proc = subprocess.Popen(
         [binary, "serve", "--upstream", upstream, "--listen", "127.0.0.1:0", "--health-interval", "0.2", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # As the Rust tests: a call to the CPU vLLM on a loaded machine can outlast the
+        # 30 s verify timeout meant for a GPU server.
+        env={**os.environ, "SPECD_VERIFY_TIMEOUT": os.environ.get("SPECD_VERIFY_TIMEOUT", "300")},
     )
     url = None
     # As the Rust tests' READY_TIMEOUT: generous, since only a failing start waits it out
