@@ -212,6 +212,15 @@ impl AcceptanceModel {
             })
             .collect()
     }
+
+    /// `p` (from `per_position`) lowered by `sigmas` standard deviations of a lone
+    /// stream's residual noise at each estimate: the acceptance a switch into speculation
+    /// is judged by (`decide::ENTRY_SIGMAS`).
+    pub(super) fn lowered(p: &[f64], sigmas: f64) -> Vec<f64> {
+        p.iter()
+            .map(|&q| (q - sigmas * ewma_variance(RESIDUAL_SLOW, q).sqrt()).clamp(0.01, 0.99))
+            .collect()
+    }
 }
 
 #[cfg(test)]

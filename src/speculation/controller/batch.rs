@@ -31,8 +31,8 @@ impl Drop for Slot {
 struct Inner {
     /// Per stream: seconds a round of its latest proposal saves against plain decoding of
     /// the same tokens, with every stream of the loop verifying in one step (negative when
-    /// it would lose).
-    gains: Vec<(u64, f64)>,
+    /// it would lose); and the same under the acceptance a switch is judged by.
+    gains: Vec<(u64, Gain)>,
     next: u64,
     /// The verdict in force, and evaluations in a row that found the other one better.
     speculating: bool,
@@ -61,7 +61,7 @@ impl Drop for Probe {
 
 impl Batch {
     /// Record `gain` as the stream's current saving per round (its slot made on first use).
-    pub(super) fn post(self: &Arc<Self>, slot: &mut Option<Slot>, gain: f64) {
+    pub(super) fn post(self: &Arc<Self>, slot: &mut Option<Slot>, gain: Gain) {
         let Ok(mut g) = self.inner.lock() else {
             return;
         };
@@ -126,10 +126,11 @@ impl Batch {
     pub(super) fn speculates(&self, slot: Option<&Slot>, w: &Weigh) -> Option<usize> {
         let mut g = self.inner.lock().ok()?;
         let mine = slot.map(|s| s.id);
-        let (mut posted, mut others) = (0usize, 0.0f64);
+        let (mut posted, mut others, mut others_entry) = (0usize, 0.0f64, 0.0f64);
         for (_, gain) in g.gains.iter().filter(|(id, _)| Some(*id) != mine) {
             posted += 1;
-            others += gain;
+            others += gain.saving;
+            others_entry += gain.entry;
         }
         let n = posted + usize::from(w.own.is_some());
         if n == 0 {
@@ -137,16 +138,17 @@ impl Batch {
         }
         let unposted = w.in_loop.saturating_sub(n);
         let loss = (w.outside + unposted) as f64 * w.step_loss;
-        let net = others + w.own.unwrap_or(0.0) - loss;
+        let net = others + w.own.map_or(0.0, |o| o.saving) - loss;
+        let net_entry = others_entry + w.own.map_or(0.0, |o| o.entry) - loss;
         if g.speculating {
             // Leaving needs no margin: each stream then weighs its own switch as before.
             g.speculating = net > 0.0;
             g.streak = 0;
-        } else if net > 0.0 {
+        } else if net_entry > 0.0 {
             g.streak = g.streak.saturating_add(1);
             // Every stream evaluates once per round: the streak in rounds.
             let rounds = f64::from(g.streak) / n as f64;
-            g.speculating = net * SWITCH_HORIZON.max(rounds) > n as f64 * w.restart;
+            g.speculating = net_entry * SWITCH_HORIZON.max(rounds) > n as f64 * w.restart;
         } else {
             g.streak = 0;
         }
@@ -154,10 +156,29 @@ impl Batch {
     }
 }
 
+/// Seconds a round saves against plain decoding: as estimated (`saving`, what staying in
+/// speculation is judged by) and under the acceptance a switch into it is judged by
+/// (`entry`: lower for a stream alone, `decide::ENTRY_SIGMAS`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Gain {
+    pub(super) saving: f64,
+    pub(super) entry: f64,
+}
+
+impl Gain {
+    #[cfg(test)]
+    fn same(saving: f64) -> Gain {
+        Gain {
+            saving,
+            entry: saving,
+        }
+    }
+}
+
 /// What a stream weighs the batch verdict with.
 pub(super) struct Weigh {
     /// Its own saving per round with the batch verifying (None until costs are known).
-    pub(super) own: Option<f64>,
+    pub(super) own: Option<Gain>,
     /// Sequences at the upstream outside the loop, and streams in the loop.
     pub(super) outside: usize,
     pub(super) in_loop: usize,
@@ -173,7 +194,7 @@ mod tests {
 
     fn weigh(own: Option<f64>, step_loss: f64) -> Weigh {
         Weigh {
-            own,
+            own: own.map(Gain::same),
             outside: 1,
             in_loop: 2,
             step_loss,
@@ -187,8 +208,8 @@ mod tests {
         let verdict = |own, slot: Option<&Slot>, loss| b.speculates(slot, &weigh(own, loss));
         assert_eq!(verdict(None, None, 0.0), None, "nothing posted: relay");
         let (mut s1, mut s2) = (None, None);
-        b.post(&mut s1, 0.010);
-        b.post(&mut s2, -0.004);
+        b.post(&mut s1, Gain::same(0.010));
+        b.post(&mut s2, Gain::same(-0.004));
         assert!(verdict(None, None, 0.005).is_some());
         assert_eq!(
             verdict(Some(0.01), s1.as_ref(), 0.0),
@@ -200,7 +221,7 @@ mod tests {
             verdict(Some(-0.012), s2.as_ref(), 0.0).is_none(),
             "the caller's fresh value counts"
         );
-        b.post(&mut s2, -0.012);
+        b.post(&mut s2, Gain::same(-0.012));
         assert!(
             verdict(None, None, 0.0).is_none(),
             "a stream's new value replaces its old one"
@@ -214,5 +235,40 @@ mod tests {
             verdict(None, None, 0.0).is_some(),
             "a dropped stream no longer counts"
         );
+    }
+
+    #[test]
+    fn the_batch_enters_on_the_entry_gain_and_stays_on_the_saving() {
+        let b = Arc::new(Batch::default());
+        let mut s = None;
+        let gain = Gain {
+            saving: 0.010,
+            entry: -0.001,
+        };
+        b.post(&mut s, gain);
+        let w = |own: Gain| Weigh {
+            own: Some(own),
+            outside: 0,
+            in_loop: 1,
+            step_loss: 0.0,
+            restart: 0.001,
+        };
+        for _ in 0..10 {
+            assert!(b.speculates(s.as_ref(), &w(gain)).is_none(), "not entered");
+        }
+        let sure = Gain {
+            saving: 0.010,
+            entry: 0.002,
+        };
+        assert!(b.speculates(s.as_ref(), &w(sure)).is_some(), "entered");
+        assert!(
+            b.speculates(s.as_ref(), &w(gain)).is_some(),
+            "stays while the saving is positive"
+        );
+        let losing = Gain {
+            saving: -0.001,
+            entry: -0.003,
+        };
+        assert!(b.speculates(s.as_ref(), &w(losing)).is_none(), "left");
     }
 }

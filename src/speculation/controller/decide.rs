@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use super::batch::Weigh;
+use super::acceptance::AcceptanceModel;
+use super::batch::{Gain, Weigh};
 use super::costs::{expected_tokens, Best, Costs, Probe, DEC_HINGES, RATIO_MAX, STALE_TRUST};
 use super::{Controller, Decision, StreamCtl, K_TRACKED};
 use crate::config::SpecMode;
@@ -23,6 +24,16 @@ fn horizon(remaining: usize, tokens_per_round: f64, streak: u32) -> f64 {
         .min(rounds_left)
         .max(1.0)
 }
+/// Standard deviations of its residual's noise by which a stream alone lowers its
+/// acceptance estimates to judge a switch into speculation (leaving, and K, use the
+/// estimates as they are). A relaying stream re-checks at every shadow-drafted token, so
+/// where speculation is near break-even the noisy estimate crosses into a gain by chance,
+/// and the stream switched on that chance, lost its rounds and paid a relay restart to
+/// leave again (docs/controller.md, "The rule"). In a batch of several streams each
+/// residual is quieted already (`Residual::quieted`); lowered there too, the batch
+/// entered too late where it wins by 10–20 %.
+pub(super) const ENTRY_SIGMAS: f64 = 1.0;
+
 /// Explore a K only while its estimated rate is at least this share of the best one's: a
 /// K estimated far worse would need its verify cost to be far off to matter.
 const EXPLORE_WITHIN: f64 = 0.9;
@@ -52,7 +63,9 @@ struct Inputs {
     t_draft: f64,
     /// Seconds the best round saves against plain decoding when every stream of the loop
     /// verifies in the same step (the stream's entry in the batch verdict).
-    together: Option<f64>,
+    together: Option<Gain>,
+    /// A stream alone: the acceptance a switch into speculation is judged by.
+    entry_p: Option<Vec<f64>>,
     /// The batch speculates: this stream joins its verify steps (relaying beside them, a
     /// token would cost a verify step, and a round yields at least that token).
     joins: bool,
@@ -82,11 +95,19 @@ impl Controller {
         let in_loop = self.load.in_loop().max(1);
         let outside = self.load.outside(now);
         let all = self.costs.costs(load, in_loop, kp, now);
+        let entry_p = (in_loop == 1).then(|| AcceptanceModel::lowered(&p, ENTRY_SIGMAS));
         let (together, step_loss) = match (all.dec, all.best(&p, t_draft, 1, 0, in_loop)) {
-            (Some(dec), Some(b)) => (
-                Some(b.tokens * dec - b.time),
-                (b.time - t_draft - dec).max(0.0),
-            ),
+            (Some(dec), Some(b)) => {
+                let saving = b.tokens * dec - b.time;
+                let entry = entry_p
+                    .as_ref()
+                    .and_then(|q| all.round(q, t_draft, b.k, 0, in_loop))
+                    .map_or(saving, |l| l.tokens * dec - l.time);
+                (
+                    Some(Gain { saving, entry }),
+                    (b.time - t_draft - dec).max(0.0),
+                )
+            }
             _ => (None, 0.0),
         };
         let weigh = Weigh {
@@ -116,6 +137,7 @@ impl Controller {
             },
             t_draft,
             together,
+            entry_p,
             joins: verdict.is_some() && together.is_some(),
         }
     }
@@ -305,8 +327,14 @@ impl Controller {
         let dec = x.costs.dec?;
         self.publish_speedup(drafter, b.speedup(dec));
         // Time the round saves, net of what it costs the others, against the extra cost
-        // of restarting a relay when speculation stops paying again.
+        // of restarting a relay when speculation stops paying again; a stream alone judges
+        // the switch by its acceptance lowered by its noise (`ENTRY_SIGMAS`).
         let gain = b.tokens * dec - b.time;
+        let entry = x
+            .entry_p
+            .as_ref()
+            .and_then(|q| x.costs.round(q, x.t_draft, b.k, x.others, x.spec))
+            .map_or(gain, |l| l.tokens * dec - l.time);
         let switch_cost = x.costs.restart_extra(dec);
         if gain > 0.0 {
             s.streak += 1;
@@ -324,10 +352,11 @@ impl Controller {
             p = ?x.p,
             load = x.load,
             others = x.others,
-            together_ms = x.together.map(|g| g * 1e3),
+            together_ms = x.together.map(|g| g.saving * 1e3),
+            entry_ms = entry * 1e3,
             "plan resume"
         );
-        if x.joins || (gain > 0.0 && gain * rounds > switch_cost) {
+        if x.joins || (entry > 0.0 && entry * rounds > switch_cost) {
             s.streak = 0;
             return Some(b.k);
         }
