@@ -70,3 +70,45 @@ fn sim_informed() {
         println!("  {name} / {streams} streams: {n}, auto {a}, informed {i}");
     }
 }
+
+/// How far luck alone moves a run where speculation wins: the best static K under other
+/// draws of its drafts' rightness (`Sim::salted`, three more) against its run in the
+/// harness, the ratio (b) takes. A controller as good as the best static K in expectation
+/// would meet (b) no more often than this does.
+/// `cargo nextest run -p specd --lib --run-ignored only sim_luck --no-capture`.
+#[test]
+#[ignore = "a diagnostic, not a check"]
+fn sim_luck() {
+    let rows = par_map(&scenarios(), |sc| {
+        let r = evaluate(sc);
+        let k = Mode::Static(r.best_static.0);
+        let other: Vec<f64> = (1..=3)
+            .map(|salt| Sim::new(&sc, k).salted(salt).run().rate / r.best_static.1)
+            .collect();
+        (r.best_static.1 > r.plain, other)
+    });
+    let ratios: Vec<f64> = rows
+        .iter()
+        .filter(|(wins, _)| *wins)
+        .flat_map(|(_, o)| o.iter().copied())
+        .collect();
+    let n = ratios.len();
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    let share =
+        |f: &dyn Fn(f64) -> bool| ratios.iter().filter(|&&x| f(x)).count() as f64 / n.max(1) as f64;
+    let mean = (ratios.iter().map(|x| x.ln()).sum::<f64>() / n.max(1) as f64).exp();
+    println!(
+        "the best static K under other draws, against its own run, {n} runs of the \
+         scenarios where speculation wins: at ≥ 0.95 {:.1} %, ≥ 0.97 {:.1} %, over 1.05 \
+         {:.1} %; geometric mean {mean:.4}; 5th, 50th, 95th percentile {:.3}, {:.3}, {:.3}; \
+         worst {:.3}",
+        100.0 * share(&|x| x >= 0.95),
+        100.0 * share(&|x| x >= 0.97),
+        100.0 * share(&|x| x > 1.05),
+        sorted[n / 20],
+        sorted[n / 2],
+        sorted[n * 19 / 20],
+        sorted[0],
+    );
+}

@@ -97,6 +97,8 @@ pub struct Sim<'a> {
     /// Requests each stream runs before its rate is measured (`SPECD_SIM_WARM`, a
     /// diagnostic: how much of a shortfall is the cold start).
     warm: u32,
+    /// Which draws of the drafts' rightness the run meets (`Sim::salted`).
+    salt: u64,
 }
 
 /// The true token at position `g`, and a wrong one.
@@ -124,7 +126,15 @@ impl<'a> Sim<'a> {
             next_id: 0,
             trace: std::env::var_os("SPECD_SIM_TRACE").is_some(),
             warm: super::env_number("SPECD_SIM_WARM").unwrap_or(0),
+            salt: 0,
         }
+    }
+
+    /// The same scenario with other draws of whether each draft is right (`salt` 0: the
+    /// harness's own): the same machine and noise, other luck with the drafts.
+    pub fn salted(mut self, salt: u64) -> Self {
+        self.salt = salt;
+        self
     }
 
     fn now(&self) -> Instant {
@@ -189,6 +199,7 @@ impl<'a> Sim<'a> {
     /// clock for its cost (the upstream's CPU drafts meanwhile).
     fn propose(&mut self, r: &mut Request, k: usize) -> Proposal {
         let (key, g) = (r.key, r.generated);
+        let key = [key[0], key[1] ^ (self.salt << 32)];
         let mut tokens = Vec::with_capacity(k);
         let mut right = true;
         for i in 0..k {
