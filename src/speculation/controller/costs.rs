@@ -147,6 +147,11 @@ impl Best {
         self.tokens * dec / self.time
     }
 
+    /// Seconds the round saves against decoding its tokens plainly (negative: it loses).
+    pub(super) fn saving(&self, dec: f64) -> f64 {
+        self.tokens * dec - self.time
+    }
+
     /// This round, verified beside `load` sequences, beats plain decoding under the
     /// cheapest plausible decode cost (`RATIO_MAX`).
     pub(super) fn wins_unmeasured(&self, load: usize) -> bool {

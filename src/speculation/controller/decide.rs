@@ -24,6 +24,7 @@ fn horizon(remaining: usize, tokens_per_round: f64, streak: u32) -> f64 {
         .min(rounds_left)
         .max(1.0)
 }
+
 /// Standard deviations of its residual's noise by which a stream alone lowers its
 /// acceptance estimates to judge a switch into speculation (leaving, and K, use the
 /// estimates as they are). A relaying stream re-checks at every shadow-drafted token, so
@@ -33,6 +34,22 @@ fn horizon(remaining: usize, tokens_per_round: f64, streak: u32) -> f64 {
 /// residual is quieted already (`Residual::quieted`); lowered there too, the batch
 /// entered too late where it wins by 10–20 %.
 pub(super) const ENTRY_SIGMAS: f64 = 1.0;
+
+/// What the best round `b` saves judged by `entry_p`, the acceptance a stream alone
+/// switches into speculation by; `b`'s own saving where there is none.
+fn entry_saving(
+    costs: &Costs,
+    entry_p: Option<&[f64]>,
+    t_draft: f64,
+    b: &Best,
+    dec: f64,
+    others: usize,
+    spec: usize,
+) -> f64 {
+    entry_p
+        .and_then(|q| costs.round(q, t_draft, b.k, others, spec))
+        .map_or(b.saving(dec), |l| l.saving(dec))
+}
 
 /// Explore a K only while its estimated rate is at least this share of the best one's: a
 /// K estimated far worse would need its verify cost to be far off to matter.
@@ -98,11 +115,8 @@ impl Controller {
         let entry_p = (in_loop == 1).then(|| AcceptanceModel::lowered(&p, ENTRY_SIGMAS));
         let (together, step_loss) = match (all.dec, all.best(&p, t_draft, 1, 0, in_loop)) {
             (Some(dec), Some(b)) => {
-                let saving = b.tokens * dec - b.time;
-                let entry = entry_p
-                    .as_ref()
-                    .and_then(|q| all.round(q, t_draft, b.k, 0, in_loop))
-                    .map_or(saving, |l| l.tokens * dec - l.time);
+                let saving = b.saving(dec);
+                let entry = entry_saving(&all, entry_p.as_deref(), t_draft, &b, dec, 0, in_loop);
                 (
                     Some(Gain { saving, entry }),
                     (b.time - t_draft - dec).max(0.0),
@@ -244,7 +258,7 @@ impl Controller {
             // Leaving costs a relay restart; stay when a few such rounds lose less than
             // that (a small dip in the estimates must not cause flapping), but not for
             // long: the longer it has lost, the longer it is expected to go on losing.
-            let loss = b.time - b.tokens * dec;
+            let loss = -b.saving(dec);
             s.streak += 1;
             if horizon(remaining, b.tokens, s.streak) * loss > x.costs.restart_extra(dec) {
                 s.streak = 0;
@@ -329,12 +343,16 @@ impl Controller {
         // Time the round saves, net of what it costs the others, against the extra cost
         // of restarting a relay when speculation stops paying again; a stream alone judges
         // the switch by its acceptance lowered by its noise (`ENTRY_SIGMAS`).
-        let gain = b.tokens * dec - b.time;
-        let entry = x
-            .entry_p
-            .as_ref()
-            .and_then(|q| x.costs.round(q, x.t_draft, b.k, x.others, x.spec))
-            .map_or(gain, |l| l.tokens * dec - l.time);
+        let gain = b.saving(dec);
+        let entry = entry_saving(
+            &x.costs,
+            x.entry_p.as_deref(),
+            x.t_draft,
+            &b,
+            dec,
+            x.others,
+            x.spec,
+        );
         let switch_cost = x.costs.restart_extra(dec);
         if gain > 0.0 {
             s.streak += 1;
