@@ -67,8 +67,9 @@ impl Level {
             .filter_map(|k| self.ver[k].get().map(|v| (k, v)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
     }
-    /// T_ver(k) from this level's measurements: measured, interpolated, or extrapolated.
-    pub(super) fn ver_at(&self, k: usize) -> Option<f64> {
+    /// T_ver(k) from this level's measurements (`streams` verifying together): measured,
+    /// interpolated, or extrapolated.
+    pub(super) fn ver_at(&self, k: usize, streams: usize) -> Option<f64> {
         let k = k.min(K_TRACKED);
         if let Some(v) = self.ver[k].get() {
             return Some(v);
@@ -93,7 +94,19 @@ impl Level {
                     Some(b) => ((at(a) - at(b)) / (a as f64 - b as f64)).max(0.0),
                     None => 0.03 * at(a),
                 };
-                Some((at(a) + slope * (k as f64 - a as f64)).max(0.5 * at(a)))
+                let line = (at(a) + slope * (k as f64 - a as f64)).max(0.5 * at(a));
+                // Past the tokens a step computes bound by memory, the prior's mild slope
+                // no longer holds: a step's cost grows with its tokens there. From 64
+                // streams' first round at K = 3, the mild slope put K = 12 at 82 ms where
+                // it cost 152 (docs/controller.md).
+                let tokens = |k: usize| (streams.max(1) * (k + 1)) as f64;
+                let knee = tokens(a).max(MEMORY_BOUND_TOKENS as f64);
+                let bound = if second.is_none() && k > a {
+                    at(a) * tokens(k) / knee
+                } else {
+                    0.0
+                };
+                Some(line.max(bound))
             }
             (None, None) => None,
         }
@@ -428,7 +441,7 @@ impl CostModel {
         let ver_at = nearest_level_index(LEVELS, vl, |i| g[i].has_ver() && !suspect(i))
             .or_else(|| nearest_level(&g[..], vl, Level::has_ver));
         let ver = (0..=kmax)
-            .map(|k| ver_at.and_then(|i| g[i].ver_at(k)))
+            .map(|k| ver_at.and_then(|i| g[i].ver_at(k, spec)))
             .collect();
         let age = self.probe_interval;
         Costs {
@@ -528,6 +541,17 @@ pub(super) const DEC_HINGES: f64 = 1.2;
 /// verify costs more, the deferred probe (`CostModel::defer_probe`) corrects the guess,
 /// and a round yielding nearly its K + 1 tokens loses little even then.
 pub(super) const RATIO_MAX: f64 = 6.0;
+
+/// The K of a level's first verify round, before any verify cost is known: at most the
+/// longest that keeps a step of `load` streams bound by memory (`MEMORY_BOUND_TOKENS`), so
+/// its cost stays within a few decode steps whatever the drafts are worth. Uncapped, 64
+/// streams' first step of K = 16 (1088 tokens) took ten decode steps in the harness's
+/// model: 190 ms, 3.7 % of a run where drafts are never right (docs/controller.md).
+pub(super) fn first_round_k(load: usize, kp: usize) -> usize {
+    (MEMORY_BOUND_TOKENS / load.max(1))
+        .saturating_sub(1)
+        .clamp(1, kp.max(1))
+}
 
 /// Tokens a verify step may compute (streams × (K + 1)) for `RATIO_MAX` to be believed:
 /// beyond it a step grows compute-bound and a verify's cost in decode steps has no bound

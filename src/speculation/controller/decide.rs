@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use super::acceptance::AcceptanceModel;
 use super::batch::{Gain, Weigh};
-use super::costs::{expected_tokens, Best, Costs, Probe, DEC_HINGES, RATIO_MAX, STALE_TRUST};
+use super::costs::{
+    expected_tokens, first_round_k, Best, Costs, Probe, DEC_HINGES, RATIO_MAX, STALE_TRUST,
+};
 use super::{Controller, Decision, StreamCtl, K_TRACKED};
 use crate::config::SpecMode;
 use crate::draft::{DrafterKind, Proposal};
@@ -191,7 +193,7 @@ impl Controller {
         };
         match (x.costs.dec, best) {
             // Never measured a verify round: measure one if there is anything to verify.
-            (_, None) if kp > 0 => Decision::Speculate(kp),
+            (_, None) if kp > 0 => Decision::Speculate(first_round_k(x.load, kp)),
             (_, None) if !s.may_relay || (remaining <= 1 && x.costs.verify_ends_sooner()) => {
                 Decision::Speculate(0)
             }

@@ -72,14 +72,55 @@ fn expected_tokens_is_one_plus_cumulative_products() {
 fn verify_cost_is_interpolated_and_extrapolated() {
     let now = Instant::now();
     let mut l = costs::Level::default();
-    assert_eq!(l.ver_at(3), None);
+    assert_eq!(l.ver_at(3, 1), None);
     l.ver[2].add(0.030, 0.1, now);
     // One point: a mild 3 % per token slope, never below half.
-    assert!((l.ver_at(4).unwrap_or(0.0) - 0.030 * 1.06).abs() < 1e-9);
+    assert!((l.ver_at(4, 1).unwrap_or(0.0) - 0.030 * 1.06).abs() < 1e-9);
     l.ver[6].add(0.034, 0.1, now);
-    assert!((l.ver_at(4).unwrap_or(0.0) - 0.032).abs() < 1e-9);
-    assert!((l.ver_at(8).unwrap_or(0.0) - 0.036).abs() < 1e-9);
-    assert!((l.ver_at(0).unwrap_or(0.0) - 0.028).abs() < 1e-9);
+    assert!((l.ver_at(4, 1).unwrap_or(0.0) - 0.032).abs() < 1e-9);
+    assert!((l.ver_at(8, 1).unwrap_or(0.0) - 0.036).abs() < 1e-9);
+    assert!((l.ver_at(0, 1).unwrap_or(0.0) - 0.028).abs() < 1e-9);
+}
+
+#[test]
+fn past_the_memory_bound_an_extrapolated_verify_cost_grows_with_its_tokens() {
+    let now = Instant::now();
+    let mut l = costs::Level::default();
+    l.ver[3].add(0.065, 0.1, now);
+    // 64 streams at K = 3 compute 256 tokens a step; at K = 12, 832: 3.25 times as many.
+    assert!((l.ver_at(12, 64).unwrap_or(0.0) - 0.065 * 3.25).abs() < 1e-9);
+    // Within the bound (one stream), the mild slope: 3 % a draft.
+    assert!((l.ver_at(12, 1).unwrap_or(0.0) - 0.065 * 1.27).abs() < 1e-9);
+    // Downwards, and between measured points, as before.
+    assert!((l.ver_at(1, 64).unwrap_or(0.0) - 0.065 * 0.94).abs() < 1e-9);
+}
+
+#[test]
+fn a_first_round_in_a_large_batch_stays_within_the_memory_bound() {
+    let c = ctl();
+    let _streams: Vec<Active> = (0..64).map(|_| c.enter()).collect();
+    let mut s = StreamCtl::new(true, 1);
+    // No verify cost measured: the first round measures one, with K such that 64
+    // streams compute at most 256 tokens in its step.
+    let d = c.plan_round(
+        &mut s,
+        SpecMode::Auto,
+        DrafterKind::Oracle,
+        &proposal(16, 0.9),
+        200,
+    );
+    assert_eq!(d, Decision::Speculate(3));
+    // A few streams: the whole proposal.
+    let c = ctl();
+    let _streams: Vec<Active> = (0..4).map(|_| c.enter()).collect();
+    let d = c.plan_round(
+        &mut s,
+        SpecMode::Auto,
+        DrafterKind::Oracle,
+        &proposal(16, 0.9),
+        200,
+    );
+    assert_eq!(d, Decision::Speculate(16));
 }
 
 /// Mean of an estimate's values over the second half of 4000 jittered calls of 30 ms ± 30 %
