@@ -341,31 +341,25 @@ fn resume_needs_the_saving_to_cover_the_switch() {
     );
 }
 
+/// What `plan_resume` says to a proposal of 8 from a lone relaying stream taught
+/// acceptance `p`, on the field's costs.
+fn resume_alone(p: f64) -> Option<usize> {
+    let c = ctl();
+    field(&c);
+    let _me = c.enter();
+    let _r = c.relaying();
+    let mut s = StreamCtl::new(true, 1);
+    teach(&c, &mut s, p, 0.5);
+    c.plan_resume(&mut s, DrafterKind::Oracle, &proposal(8, 0.5), 100)
+}
+
 #[test]
 fn a_stream_alone_resumes_only_where_the_gain_exceeds_its_estimate_noise() {
     // Estimated at about 0.73 a position, a round of 8 saves 8 ms against plain decoding:
     // four such rounds cover the 19 ms relay restart. Lowered by one standard deviation of
     // the residual's noise (about 0.07), it saves under 1 ms: a lone stream stays relaying.
-    let c = ctl();
-    field(&c);
-    let _me = c.enter();
-    let _r = c.relaying();
-    let mut near = StreamCtl::new(true, 1);
-    teach(&c, &mut near, 0.82, 0.5);
-    assert_eq!(
-        c.plan_resume(&mut near, DrafterKind::Oracle, &proposal(8, 0.5), 100),
-        None
-    );
-    drop(near);
-    let c = ctl();
-    field(&c);
-    let _me = c.enter();
-    let _r = c.relaying();
-    let mut clear = StreamCtl::new(true, 1);
-    teach(&c, &mut clear, 0.9, 0.5);
-    assert!(c
-        .plan_resume(&mut clear, DrafterKind::Oracle, &proposal(8, 0.5), 100)
-        .is_some());
+    assert_eq!(resume_alone(0.82), None);
+    assert!(resume_alone(0.9).is_some());
 }
 
 #[test]
