@@ -232,6 +232,7 @@ impl Controller {
                     p = ?x.p,
                     load = x.load,
                     others = x.others,
+                    joins = x.joins,
                     "plan round"
                 );
                 d
