@@ -127,17 +127,24 @@ impl Batch {
         let mut g = self.inner.lock().ok()?;
         let mine = slot.map(|s| s.id);
         let (mut posted, mut others, mut others_entry) = (0usize, 0.0f64, 0.0f64);
+        let mut step_losses = w.own.map_or(0.0, |o| o.step_loss);
         for (_, gain) in g.gains.iter().filter(|(id, _)| Some(*id) != mine) {
             posted += 1;
             others += gain.saving;
             others_entry += gain.entry;
+            step_losses += gain.step_loss;
         }
         let n = posted + usize::from(w.own.is_some());
         if n == 0 {
             return None;
         }
         let unposted = w.in_loop.saturating_sub(n);
-        let loss = (w.outside + unposted) as f64 * w.step_loss;
+        // The step the batch runs holds each stream's round at its own K, so what it
+        // costs a sequence beside it is the mean of the streams' step losses (exact where
+        // a step's cost grows linearly with its tokens). The caller's own alone undercounted
+        // it: 3 streams verifying K = 1 among 52 passed through, on the savings of others
+        // whose K = 16 would cost those 52 ten times as much (docs/controller.md).
+        let loss = (w.outside + unposted) as f64 * step_losses / n as f64;
         let net = others + w.own.map_or(0.0, |o| o.saving) - loss;
         let net_entry = others_entry + w.own.map_or(0.0, |o| o.entry) - loss;
         if g.speculating {
@@ -156,21 +163,25 @@ impl Batch {
     }
 }
 
-/// Seconds a round saves against plain decoding: as estimated (`saving`, what staying in
-/// speculation is judged by) and under the acceptance a switch into it is judged by
-/// (`entry`: lower for a stream alone, `decide::ENTRY_SIGMAS`).
+/// Seconds a round saves against plain decoding with every stream of the loop verifying
+/// at its K: as estimated (`saving`, what staying in speculation is judged by) and under
+/// the acceptance a switch into it is judged by (`entry`: lower for a stream alone,
+/// `decide::ENTRY_SIGMAS`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Gain {
     pub(super) saving: f64,
     pub(super) entry: f64,
+    /// What that step costs a sequence decoding beside it (T_ver − T_dec).
+    pub(super) step_loss: f64,
 }
 
 impl Gain {
     #[cfg(test)]
-    fn same(saving: f64) -> Gain {
+    fn same(saving: f64, step_loss: f64) -> Gain {
         Gain {
             saving,
             entry: saving,
+            step_loss,
         }
     }
 }
@@ -182,8 +193,6 @@ pub(super) struct Weigh {
     /// Sequences at the upstream outside the loop, and streams in the loop.
     pub(super) outside: usize,
     pub(super) in_loop: usize,
-    /// What one verify step costs a sequence decoding beside it (T_ver − T_dec).
-    pub(super) step_loss: f64,
     /// What a relay restart costs beyond a decode step.
     pub(super) restart: f64,
 }
@@ -192,12 +201,11 @@ pub(super) struct Weigh {
 mod tests {
     use super::*;
 
-    fn weigh(own: Option<f64>, step_loss: f64) -> Weigh {
+    fn weigh(own: Option<Gain>) -> Weigh {
         Weigh {
-            own: own.map(Gain::same),
+            own,
             outside: 1,
             in_loop: 2,
-            step_loss,
             restart: 0.0,
         }
     }
@@ -205,36 +213,65 @@ mod tests {
     #[test]
     fn the_batch_speculates_while_its_savings_outweigh_the_outside_loss() {
         let b = Arc::new(Batch::default());
-        let verdict = |own, slot: Option<&Slot>, loss| b.speculates(slot, &weigh(own, loss));
-        assert_eq!(verdict(None, None, 0.0), None, "nothing posted: relay");
+        let verdict = |own: Option<(f64, f64)>, slot: Option<&Slot>| {
+            b.speculates(slot, &weigh(own.map(|(g, l)| Gain::same(g, l))))
+        };
+        assert_eq!(verdict(None, None), None, "nothing posted: relay");
         let (mut s1, mut s2) = (None, None);
-        b.post(&mut s1, Gain::same(0.010));
-        b.post(&mut s2, Gain::same(-0.004));
-        assert!(verdict(None, None, 0.005).is_some());
+        b.post(&mut s1, Gain::same(0.010, 0.005));
+        b.post(&mut s2, Gain::same(-0.004, 0.005));
+        assert!(verdict(None, None).is_some());
         assert_eq!(
-            verdict(Some(0.01), s1.as_ref(), 0.0),
+            verdict(Some((0.01, 0.005)), s1.as_ref()),
             Some(0),
             "every stream that posted joins"
         );
-        assert!(verdict(None, None, 0.007).is_none());
+        b.post(&mut s1, Gain::same(0.010, 0.009));
+        assert!(verdict(None, None).is_none(), "the mean step loss counts");
+        b.post(&mut s1, Gain::same(0.010, 0.005));
         assert!(
-            verdict(Some(-0.012), s2.as_ref(), 0.0).is_none(),
+            verdict(Some((-0.012, 0.005)), s2.as_ref()).is_none(),
             "the caller's fresh value counts"
         );
-        b.post(&mut s2, Gain::same(-0.012));
+        b.post(&mut s2, Gain::same(-0.012, 0.0));
         assert!(
-            verdict(None, None, 0.0).is_none(),
+            verdict(None, None).is_none(),
             "a stream's new value replaces its old one"
         );
         drop(s2);
         assert!(
-            verdict(None, None, 0.006).is_none(),
+            verdict(None, None).is_none(),
             "a stream that posted nothing counts as outside"
         );
+        b.post(&mut s1, Gain::same(0.010, 0.0));
         assert!(
-            verdict(None, None, 0.0).is_some(),
+            verdict(None, None).is_some(),
             "a dropped stream no longer counts"
         );
+    }
+
+    #[test]
+    fn the_outside_pays_for_the_step_the_batch_runs() {
+        // Nine streams whose rounds at K = 16 would save 222 ms each, in a step that costs
+        // each of 52 sequences outside 172 ms; the caller's K = 1 saves 2 ms in a step
+        // that costs them 18. The batch's step holds both: relay.
+        let b = Arc::new(Batch::default());
+        let mut slots: Vec<Option<Slot>> = (0..9).map(|_| None).collect();
+        for s in &mut slots {
+            b.post(s, Gain::same(0.222, 0.172));
+        }
+        let w = Weigh {
+            own: Some(Gain::same(0.002, 0.018)),
+            outside: 52,
+            in_loop: 10,
+            restart: 0.0,
+        };
+        assert!(b.speculates(None, &w).is_none());
+        // The same savings with steps that cost the outside little: speculate.
+        for s in &mut slots {
+            b.post(s, Gain::same(0.222, 0.002));
+        }
+        assert!(b.speculates(None, &w).is_some());
     }
 
     #[test]
@@ -244,13 +281,13 @@ mod tests {
         let gain = Gain {
             saving: 0.010,
             entry: -0.001,
+            step_loss: 0.0,
         };
         b.post(&mut s, gain);
         let w = |own: Gain| Weigh {
             own: Some(own),
             outside: 0,
             in_loop: 1,
-            step_loss: 0.0,
             restart: 0.001,
         };
         for _ in 0..10 {
@@ -259,6 +296,7 @@ mod tests {
         let sure = Gain {
             saving: 0.010,
             entry: 0.002,
+            step_loss: 0.0,
         };
         assert!(b.speculates(s.as_ref(), &w(sure)).is_some(), "entered");
         assert!(
@@ -268,6 +306,7 @@ mod tests {
         let losing = Gain {
             saving: -0.001,
             entry: -0.003,
+            step_loss: 0.0,
         };
         assert!(b.speculates(s.as_ref(), &w(losing)).is_none(), "left");
     }

@@ -115,22 +115,18 @@ impl Controller {
         let outside = self.load.outside(now);
         let all = self.costs.costs(load, in_loop, kp, now);
         let entry_p = (in_loop == 1).then(|| AcceptanceModel::lowered(&p, ENTRY_SIGMAS));
-        let (together, step_loss) = match (all.dec, all.best(&p, t_draft, 1, 0, in_loop)) {
-            (Some(dec), Some(b)) => {
-                let saving = b.saving(dec);
-                let entry = entry_saving(&all, entry_p.as_deref(), t_draft, &b, dec, 0, in_loop);
-                (
-                    Some(Gain { saving, entry }),
-                    (b.time - t_draft - dec).max(0.0),
-                )
-            }
-            _ => (None, 0.0),
+        let together = match (all.dec, all.best(&p, t_draft, 1, 0, in_loop)) {
+            (Some(dec), Some(b)) => Some(Gain {
+                saving: b.saving(dec),
+                entry: entry_saving(&all, entry_p.as_deref(), t_draft, &b, dec, 0, in_loop),
+                step_loss: (b.time - t_draft - dec).max(0.0),
+            }),
+            _ => None,
         };
         let weigh = Weigh {
             own: together,
             outside,
             in_loop,
-            step_loss,
             restart: all.dec.map_or(0.0, |d| all.restart_extra(d)),
         };
         let verdict = self.batch.speculates(s.batch.as_ref(), &weigh);
