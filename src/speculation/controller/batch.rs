@@ -116,8 +116,9 @@ impl Batch {
 
     /// Does speculation pay for the batch? The streams' savings per verify step (the
     /// caller's own from `w`, in place of what its slot holds) against what one verify
-    /// step costs the sequences that cannot speculate: those outside the loop, and
-    /// streams of the loop that have posted nothing yet. The verdict enters speculation
+    /// step (the mean of the streams' posted step losses) costs the sequences that cannot
+    /// speculate: those outside the loop, and streams of the loop that have posted
+    /// nothing yet. The verdict enters speculation
     /// when a few rounds of the net saving (`SWITCH_HORIZON`, or as many as it has been
     /// positive in a row) outweigh a relay restart per stream, and leaves it as soon as
     /// the saving turns negative (each stream then weighs its own switch). When the batch

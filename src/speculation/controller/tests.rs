@@ -95,32 +95,22 @@ fn past_the_memory_bound_an_extrapolated_verify_cost_grows_with_its_tokens() {
     assert!((l.ver_at(1, 64).unwrap_or(0.0) - 0.065 * 0.94).abs() < 1e-9);
 }
 
+/// What a stream's first round does with a proposal of 16, `streams` streams at the
+/// upstream and no verify cost measured yet.
+fn first_round(streams: usize) -> Decision {
+    let c = ctl();
+    let _streams: Vec<Active> = (0..streams).map(|_| c.enter()).collect();
+    let mut s = StreamCtl::new(true, 1);
+    let p = proposal(16, 0.9);
+    c.plan_round(&mut s, SpecMode::Auto, DrafterKind::Oracle, &p, 200)
+}
+
 #[test]
 fn a_first_round_in_a_large_batch_stays_within_the_memory_bound() {
-    let c = ctl();
-    let _streams: Vec<Active> = (0..64).map(|_| c.enter()).collect();
-    let mut s = StreamCtl::new(true, 1);
-    // No verify cost measured: the first round measures one, with K such that 64
-    // streams compute at most 256 tokens in its step.
-    let d = c.plan_round(
-        &mut s,
-        SpecMode::Auto,
-        DrafterKind::Oracle,
-        &proposal(16, 0.9),
-        200,
-    );
-    assert_eq!(d, Decision::Speculate(3));
-    // A few streams: the whole proposal.
-    let c = ctl();
-    let _streams: Vec<Active> = (0..4).map(|_| c.enter()).collect();
-    let d = c.plan_round(
-        &mut s,
-        SpecMode::Auto,
-        DrafterKind::Oracle,
-        &proposal(16, 0.9),
-        200,
-    );
-    assert_eq!(d, Decision::Speculate(16));
+    // The first round measures a verify cost, with K such that 64 streams compute at
+    // most 256 tokens in its step; a few streams verify the whole proposal.
+    assert_eq!(first_round(64), Decision::Speculate(3));
+    assert_eq!(first_round(4), Decision::Speculate(16));
 }
 
 /// Mean of an estimate's values over the second half of 4000 jittered calls of 30 ms ± 30 %
