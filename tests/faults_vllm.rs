@@ -267,7 +267,11 @@ enum Disconnect {
 #[tokio::test]
 async fn client_disconnects_abort_the_upstream_requests() {
     let up = upstream();
-    let specd = Specd::start_ready(&up, &[]).await;
+    // What ends each generation here must be the clients leaving, not a verify call
+    // outlasting the default 30 s: on a 2-core machine kept busy beside the suite, the
+    // first verify of a later try waited behind the long generations of the tries before
+    // and answered 504.
+    let specd = Specd::start_ready(&up, &["--verify-timeout", "300"]).await;
     for attempt in 1..=5 {
         match disconnect_try(&specd).await {
             Disconnect::Aborted(t) => {
@@ -343,6 +347,9 @@ async fn disconnect_try(specd: &Specd) -> Disconnect {
         let streams = metric_lines(&s, &["specd_active_streams", "specd_upstream_errors"]);
         println!("not seen together: vLLM {gauges:?}; specd {streams:?}; first events {firsts:?}");
         leave(specd, readers, whole).await;
+        // The next try starts once vLLM has dropped this one's requests (or others'
+        // requests keep it busy: then it starts anyway).
+        wait_for(Duration::from_secs(15), || async { running().await == 0.0 }).await;
         return Disconnect::NotSeenTogether;
     }
 
