@@ -14,6 +14,23 @@ pub(super) const LEVELS: usize = 8;
 /// Learning rate floor of the cost EWMAs (earlier samples average 1/n).
 const COST_ALPHA: f64 = 0.1;
 
+/// Seconds over which an unsampled decode cost loses its weight against a new window.
+const DEC_MEMORY: f64 = 3.0;
+
+/// The weight of a cheaper decode window against an estimate last sampled long ago: an
+/// estimate from another state of the machine (measured in a load spike, before it
+/// ended) says little about now. At the learning-rate floor alone, one probe window
+/// every probe interval moved it a tenth of the way, and after a 3× spike `auto`
+/// speculated at 0.93 of plain decoding on a decode cost 40 % too high for seconds
+/// (docs/controller.md). Only falls learn this way: a dearer window may have caught a
+/// stall, and decisions use the lower of the mean and the low envelope anyway.
+fn fresh_weight(e: &Ewma, now: Instant) -> f64 {
+    let age = e.at.map_or(f64::INFINITY, |t| {
+        now.saturating_duration_since(t).as_secs_f64()
+    });
+    COST_ALPHA.max(1.0 - (-age / DEC_MEMORY).exp())
+}
+
 #[derive(Default, Clone, Copy)]
 pub(super) struct Level {
     pub(super) dec: Ewma,
@@ -379,7 +396,11 @@ impl CostModel {
             // Windows of many streams arrive together: the mean moves at most as fast as
             // one stream's windows would move it.
             let pace = f64::from(DECODE_WINDOW) * l.dec.get().unwrap_or(per_token);
-            l.dec.add_paced(x, COST_ALPHA, pace, now);
+            let floor = match l.dec.get() {
+                Some(v) if x < v => fresh_weight(&l.dec, now),
+                _ => COST_ALPHA,
+            };
+            l.dec.add_paced(x, floor, pace, now);
             l.dec_cost()
         })
     }

@@ -506,6 +506,27 @@ fn a_decode_cost_as_high_as_a_verify_is_not_believed() {
     assert!((d - 0.012).abs() < 1e-9, "{d}");
 }
 
+/// A decode cost measured in a load spike, then unsampled for seconds while streams
+/// speculated: the first cheaper window after the spike brings it most of the way down.
+/// A dearer one does not raise it faster than before (it may have caught a stall).
+#[test]
+fn an_old_decode_cost_gives_way_to_a_cheaper_window() {
+    let clock = Arc::new(VirtualClock::default());
+    let c = ctl_on(&clock);
+    for _ in 0..20 {
+        c.record_decode(4, 0.036);
+        clock.advance(ms(150.0));
+    }
+    clock.advance(Duration::from_secs(5));
+    c.record_decode(4, 0.012);
+    let d = c.decode_cost_estimate(4).unwrap_or(0.0);
+    assert!(d < 0.020, "{d}");
+    clock.advance(Duration::from_secs(5));
+    c.record_decode(4, 0.024);
+    let up = c.decode_cost_estimate(4).unwrap_or(0.0);
+    assert!(up < d + 0.1 * (0.024 - d) + 1e-9, "{d} -> {up}");
+}
+
 #[test]
 fn the_decode_cost_alone_is_the_one_the_full_cost_table_holds() {
     let c = ctl();
