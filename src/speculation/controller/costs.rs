@@ -169,6 +169,19 @@ pub(super) struct Best {
     pub(super) k: usize,
     pub(super) tokens: f64,
     pub(super) time: f64,
+    /// What its verify step costs each sequence decoding beside it: T_ver − T_dec (0
+    /// while T_dec is unknown).
+    pub(super) step_loss: f64,
+}
+
+/// The terms a round is costed under: the drafter's time per round, the sequences
+/// decoding beside its verify step, and the streams verifying in it (who share their
+/// loss).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Terms {
+    pub(super) t_draft: f64,
+    pub(super) others: usize,
+    pub(super) spec: usize,
 }
 
 impl Best {
@@ -199,39 +212,38 @@ impl Best {
 
 impl Costs {
     /// A round of the first `k` drafts: expected tokens net of the others' loss, and time.
-    pub(super) fn round(
-        &self,
-        p: &[f64],
-        t_draft: f64,
-        k: usize,
-        others: usize,
-        spec: usize,
-    ) -> Option<Best> {
+    pub(super) fn round(&self, p: &[f64], k: usize, t: Terms) -> Option<Best> {
         let ver = self.ver.get(k).copied().flatten()?;
-        let time = t_draft + ver;
-        let tokens = match self.dec {
+        let time = t.t_draft + ver;
+        let (tokens, step_loss) = match self.dec {
             Some(dec) if dec > 0.0 => {
-                let loss = others as f64 * (ver - dec).max(0.0) / spec.max(1) as f64;
-                expected_tokens(p, k) - loss / dec
+                let step_loss = (ver - dec).max(0.0);
+                let loss = t.others as f64 * step_loss / t.spec.max(1) as f64;
+                (expected_tokens(p, k) - loss / dec, step_loss)
             }
-            _ => expected_tokens(p, k),
+            _ => (expected_tokens(p, k), 0.0),
         };
-        (time > 0.0).then_some(Best { k, tokens, time })
+        (time > 0.0).then_some(Best {
+            k,
+            tokens,
+            time,
+            step_loss,
+        })
+    }
+
+    /// What the round `b` saves judged by `p` (the acceptance a stream alone switches
+    /// into speculation by); `b`'s own saving where there is none.
+    pub(super) fn saving_judged(&self, p: Option<&[f64]>, b: &Best, dec: f64, t: Terms) -> f64 {
+        p.and_then(|q| self.round(q, b.k, t))
+            .map_or(b.saving(dec), |l| l.saving(dec))
     }
 
     /// k in `lo..=p.len()` maximising net tokens per second. A verify pass slows the steps
     /// of the streams decoding beside it (by T_ver − T_dec each, shared among the streams
     /// verifying at once); that loss, in tokens of plain decoding, is charged to the round.
-    pub(super) fn best(
-        &self,
-        p: &[f64],
-        t_draft: f64,
-        lo: usize,
-        others: usize,
-        spec: usize,
-    ) -> Option<Best> {
+    pub(super) fn best(&self, p: &[f64], lo: usize, t: Terms) -> Option<Best> {
         (lo..=p.len())
-            .filter_map(|k| self.round(p, t_draft, k, others, spec))
+            .filter_map(|k| self.round(p, k, t))
             .max_by(|a, b| (a.tokens / a.time).total_cmp(&(b.tokens / b.time)))
     }
 }

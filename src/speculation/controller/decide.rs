@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::acceptance::AcceptanceModel;
 use super::batch::{Gain, Weigh};
 use super::costs::{
-    expected_tokens, first_round_k, Best, Costs, Probe, DEC_HINGES, RATIO_MAX, STALE_TRUST,
+    expected_tokens, first_round_k, Best, Costs, Probe, Terms, DEC_HINGES, RATIO_MAX, STALE_TRUST,
 };
 use super::{Controller, Decision, StreamCtl, K_TRACKED};
 use crate::config::SpecMode;
@@ -37,22 +37,6 @@ fn horizon(remaining: usize, tokens_per_round: f64, streak: u32) -> f64 {
 /// entered too late where it wins by 10–20 %.
 pub(super) const ENTRY_SIGMAS: f64 = 1.0;
 
-/// What the best round `b` saves judged by `entry_p`, the acceptance a stream alone
-/// switches into speculation by; `b`'s own saving where there is none.
-fn entry_saving(
-    costs: &Costs,
-    entry_p: Option<&[f64]>,
-    t_draft: f64,
-    b: &Best,
-    dec: f64,
-    others: usize,
-    spec: usize,
-) -> f64 {
-    entry_p
-        .and_then(|q| costs.round(q, t_draft, b.k, others, spec))
-        .map_or(b.saving(dec), |l| l.saving(dec))
-}
-
 /// Explore a K only while its estimated rate is at least this share of the best one's: a
 /// K estimated far worse would need its verify cost to be far off to matter.
 const EXPLORE_WITHIN: f64 = 0.9;
@@ -75,11 +59,9 @@ fn neighbour(rng: &mut fastrand::Rng, best: usize, kp: usize) -> usize {
 /// the costs at that load, and what a round saves with the whole batch verifying.
 struct Inputs {
     load: usize,
-    others: usize,
-    spec: usize,
+    terms: Terms,
     p: Vec<f64>,
     costs: Costs,
-    t_draft: f64,
     /// Seconds the best round saves against plain decoding when every stream of the loop
     /// verifies in the same step (the stream's entry in the batch verdict).
     together: Option<Gain>,
@@ -115,11 +97,16 @@ impl Controller {
         let outside = self.load.outside(now);
         let all = self.costs.costs(load, in_loop, kp, now);
         let entry_p = (in_loop == 1).then(|| AcceptanceModel::lowered(&p, ENTRY_SIGMAS));
-        let together = match (all.dec, all.best(&p, t_draft, 1, 0, in_loop)) {
+        let whole = Terms {
+            t_draft,
+            others: 0,
+            spec: in_loop,
+        };
+        let together = match (all.dec, all.best(&p, 1, whole)) {
             (Some(dec), Some(b)) => Some(Gain {
                 saving: b.saving(dec),
-                entry: entry_saving(&all, entry_p.as_deref(), t_draft, &b, dec, 0, in_loop),
-                step_loss: (b.time - t_draft - dec).max(0.0),
+                entry: all.saving_judged(entry_p.as_deref(), &b, dec, whole),
+                step_loss: b.step_loss,
             }),
             _ => None,
         };
@@ -138,8 +125,11 @@ impl Controller {
         };
         Inputs {
             load,
-            others,
-            spec,
+            terms: Terms {
+                t_draft,
+                others,
+                spec,
+            },
             p,
             // With the whole loop verifying, these are the costs already at hand.
             costs: if spec == in_loop {
@@ -147,7 +137,6 @@ impl Controller {
             } else {
                 self.costs.costs(load, spec, kp, now)
             },
-            t_draft,
             together,
             entry_p,
             joins: verdict.is_some() && together.is_some(),
@@ -177,7 +166,7 @@ impl Controller {
         let x = self.inputs(s, drafter, proposal, false);
         self.post(s, &x);
         let lo = usize::from(s.may_relay);
-        let best = x.costs.best(&x.p, x.t_draft, lo, x.others, x.spec);
+        let best = x.costs.best(&x.p, lo, x.terms);
         // How far the round wins under the cheapest plausible decode cost; near the end of
         // a generation the round is short because the cap is, which says nothing of that.
         let margin = |b: &Best| {
@@ -227,7 +216,7 @@ impl Controller {
                     residual = s.residual(drafter).value(),
                     p = ?x.p,
                     load = x.load,
-                    others = x.others,
+                    others = x.terms.others,
                     joins = x.joins,
                     "plan round"
                 );
@@ -290,7 +279,7 @@ impl Controller {
             if let Some(d) = self.batch.explore(self.now(), window, start) {
                 let k = (b.k as isize + d).clamp(1, kp as isize) as usize;
                 let rate = |r: &Best| r.tokens / r.time;
-                let near = x.costs.round(&x.p, x.t_draft, k, x.others, x.spec);
+                let near = x.costs.round(&x.p, k, x.terms);
                 if k != b.k && near.is_some_and(|n| rate(&n) >= EXPLORE_WITHIN * rate(b)) {
                     return Decision::Speculate(k);
                 }
@@ -307,7 +296,7 @@ impl Controller {
             return 0.0;
         }
         let x = self.inputs(s, drafter, proposal, false);
-        match x.costs.best(&x.p, x.t_draft, 1, x.others, x.spec) {
+        match x.costs.best(&x.p, 1, x.terms) {
             Some(b) => b.tokens / b.time,
             None => expected_tokens(&x.p, x.p.len()),
         }
@@ -330,11 +319,11 @@ impl Controller {
         if self.batch.probing() {
             return None;
         }
-        let Some(b) = x.costs.best(&x.p, x.t_draft, 1, x.others, x.spec) else {
+        let Some(b) = x.costs.best(&x.p, 1, x.terms) else {
             // Verify cost never measured: measure it (one stream per interval).
             return self
                 .costs
-                .claim_probe(x.spec, Probe::Verify, self.now())
+                .claim_probe(x.terms.spec, Probe::Verify, self.now())
                 .then_some(kp);
         };
         let dec = x.costs.dec?;
@@ -343,15 +332,9 @@ impl Controller {
         // of restarting a relay when speculation stops paying again; a stream alone judges
         // the switch by its acceptance lowered by its noise (`ENTRY_SIGMAS`).
         let gain = b.saving(dec);
-        let entry = entry_saving(
-            &x.costs,
-            x.entry_p.as_deref(),
-            x.t_draft,
-            &b,
-            dec,
-            x.others,
-            x.spec,
-        );
+        let entry = x
+            .costs
+            .saving_judged(x.entry_p.as_deref(), &b, dec, x.terms);
         let switch_cost = x.costs.restart_extra(dec);
         if gain > 0.0 {
             s.streak += 1;
@@ -368,7 +351,7 @@ impl Controller {
             residual = s.residual(drafter).value(),
             p = ?x.p,
             load = x.load,
-            others = x.others,
+            others = x.terms.others,
             together_ms = x.together.map(|g| g.saving * 1e3),
             entry_ms = entry * 1e3,
             "plan resume"
@@ -384,7 +367,7 @@ impl Controller {
         // round is worth under it: it charges the round the stall, and the streams beside
         // it their own slowdown by the stall too.
         let trust = STALE_TRUST.powf(x.costs.ver_staleness);
-        let optimistic = b.tokens * dec > x.t_draft + trust * (b.time - x.t_draft);
+        let optimistic = b.tokens * dec > x.terms.t_draft + trust * (b.time - x.terms.t_draft);
         let stale = x.costs.ver_staleness > 0.0;
         let probe = if x.costs.ver_suspect {
             Probe::SuspectVerify
@@ -392,7 +375,7 @@ impl Controller {
             Probe::Verify
         };
         (((stale && optimistic) || x.costs.ver_suspect)
-            && self.costs.claim_probe(x.spec, probe, self.now()))
+            && self.costs.claim_probe(x.terms.spec, probe, self.now()))
         .then_some(b.k)
     }
 }

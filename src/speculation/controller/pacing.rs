@@ -11,6 +11,7 @@
 
 use std::time::Instant;
 
+use super::costs::Terms;
 use super::{Controller, StreamCtl};
 use crate::draft::{DrafterKind, Proposal};
 
@@ -62,7 +63,15 @@ impl Controller {
         let costs = self.costs.costs(self.load(), spec, conf.len(), self.now());
         let t_draft = self.costs.draft_cost_per_round(drafter);
         costs
-            .best(&p, t_draft, 1, 0, spec)
+            .best(
+                &p,
+                1,
+                Terms {
+                    t_draft,
+                    others: 0,
+                    spec,
+                },
+            )
             .map(|b| b.tokens / b.time)
     }
 
