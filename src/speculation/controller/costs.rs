@@ -184,6 +184,17 @@ pub(super) struct Terms {
     pub(super) spec: usize,
 }
 
+impl Terms {
+    /// `spec` streams verifying together with no sequence decoding beside them.
+    pub(super) fn together(t_draft: f64, spec: usize) -> Self {
+        Terms {
+            t_draft,
+            others: 0,
+            spec,
+        }
+    }
+}
+
 impl Best {
     /// Rate relative to plain decoding.
     pub(super) fn speedup(&self, dec: f64) -> f64 {

@@ -97,11 +97,7 @@ impl Controller {
         let outside = self.load.outside(now);
         let all = self.costs.costs(load, in_loop, kp, now);
         let entry_p = (in_loop == 1).then(|| AcceptanceModel::lowered(&p, ENTRY_SIGMAS));
-        let whole = Terms {
-            t_draft,
-            others: 0,
-            spec: in_loop,
-        };
+        let whole = Terms::together(t_draft, in_loop);
         let together = match (all.dec, all.best(&p, 1, whole)) {
             (Some(dec), Some(b)) => Some(Gain {
                 saving: b.saving(dec),

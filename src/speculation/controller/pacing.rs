@@ -63,15 +63,7 @@ impl Controller {
         let costs = self.costs.costs(self.load(), spec, conf.len(), self.now());
         let t_draft = self.costs.draft_cost_per_round(drafter);
         costs
-            .best(
-                &p,
-                1,
-                Terms {
-                    t_draft,
-                    others: 0,
-                    spec,
-                },
-            )
+            .best(&p, 1, Terms::together(t_draft, spec))
             .map(|b| b.tokens / b.time)
     }
 
