@@ -40,6 +40,9 @@ pub(super) struct Level {
     pub(super) dec_low: Ewma,
     pub(super) restart: Ewma,
     pub(super) ver: [Ewma; K_TRACKED + 1],
+    /// The decode cost (as decisions use it) when the newest verify call here was timed,
+    /// if it was fresh then: the machine's speed the verify costs were measured at.
+    pub(super) ver_dec: Option<f64>,
     /// Verify steps timed at this level: the calls of streams verifying in one step count
     /// once (they caught the same stall, if any).
     pub(super) ver_steps: u32,
@@ -277,6 +280,24 @@ pub(super) struct Costs {
     pub(super) ver_suspect: bool,
 }
 
+/// The ratio of decode costs (now against when the verify costs were timed) beyond which
+/// the machine's speed is taken to have changed (`speed_since_verify`).
+const SPEED_MOVED: f64 = 1.25;
+/// How recently the decode cost must have been sampled to date a verify call's speed.
+const DEC_FRESH: Duration = Duration::from_secs(1);
+
+/// How much slower the machine runs now than when level `i`'s verify costs were timed
+/// (1 within `SPEED_MOVED`). A decision compares them with the decode cost, timed now:
+/// a batch entered a 3× load spike on a verify cost timed before it against a decode cost
+/// timed in it (244 ms a step where 103 ms was expected), and after the spike 32 streams
+/// speculated on a decode cost from it (docs/controller.md).
+fn speed_since_verify(g: &[Level], i: usize) -> f64 {
+    match (decode_cost_at(g, i), g[i].ver_dec) {
+        (Some(d), Some(then)) if (d / then).ln().abs() > SPEED_MOVED.ln() => d / then,
+        _ => 1.0,
+    }
+}
+
 /// Verify steps in a row a stall is believed to catch (`Level::ver_suspect`): a stall
 /// is a moment of the machine, while a load that really went up (a spike of 3×: 90 ms a
 /// verify against a decode cost measured at 12 ms before it) shows in every step after.
@@ -361,27 +382,40 @@ impl CostModel {
         secs: f64,
         now: Instant,
     ) -> Option<(Option<f64>, f64)> {
-        self.with_level(spec, |l| {
-            if l.ver_steps < STALL_STEPS {
-                // While steps are few, a call under half an estimate says that estimate
-                // rests on a step that caught a stall (a step cannot take half its usual
-                // time): it starts again from this call. A quantile would come down 5 %
-                // per call, and a verify cost that high keeps every stream relaying, so
-                // only probes would sample it (a first step caught in a 322 ms stall kept
-                // `auto` at 0.32 of static K = 16 in the harness).
-                for e in l.ver.iter_mut().filter(|e| e.n > 0 && secs < 0.5 * e.v) {
-                    *e = Ewma::default();
-                }
+        let mut g = self.levels.lock().ok()?;
+        let at = level_of(spec);
+        // The decode cost dates a verify's speed only if it is fresh (streams that
+        // speculate do not sample it); else the speed is set by the next decode sample
+        // (`date_verify_costs`).
+        let fresh = |l: &Level| {
+            l.dec
+                .at
+                .is_some_and(|t| now.saturating_duration_since(t) < DEC_FRESH)
+        };
+        let dec = nearest_level(&g[..], at, |l| l.dec.n > 0)
+            .filter(|&i| fresh(&g[i]))
+            .map(|i| g[i].dec_cost());
+        let l = &mut g[at];
+        l.ver_dec = dec;
+        if l.ver_steps < STALL_STEPS {
+            // While steps are few, a call under half an estimate says that estimate
+            // rests on a step that caught a stall (a step cannot take half its usual
+            // time): it starts again from this call. A quantile would come down 5 %
+            // per call, and a verify cost that high keeps every stream relaying, so
+            // only probes would sample it (a first step caught in a 322 ms stall kept
+            // `auto` at 0.32 of static K = 16 in the harness).
+            for e in l.ver.iter_mut().filter(|e| e.n > 0 && secs < 0.5 * e.v) {
+                *e = Ewma::default();
             }
-            let last = l.ver.iter().filter_map(|e| e.at).max();
-            if last.is_none_or(|t| now.saturating_duration_since(t).as_secs_f64() > secs / 2.0) {
-                l.ver_steps = l.ver_steps.saturating_add(1);
-            }
-            let e = &mut l.ver[k.min(K_TRACKED)];
-            let before = e.get();
-            e.add_quantile(secs, VER_QUANTILE, now);
-            (before, e.v)
-        })
+        }
+        let last = l.ver.iter().filter_map(|e| e.at).max();
+        if last.is_none_or(|t| now.saturating_duration_since(t).as_secs_f64() > secs / 2.0) {
+            l.ver_steps = l.ver_steps.saturating_add(1);
+        }
+        let e = &mut l.ver[k.min(K_TRACKED)];
+        let before = e.get();
+        e.add_quantile(secs, VER_QUANTILE, now);
+        Some((before, e.v))
     }
 
     pub(super) fn add_relay_start(&self, load: usize, secs: f64, now: Instant) {
@@ -426,6 +460,20 @@ impl CostModel {
             l.dec.add_paced(x, floor, pace, now);
             l.dec_cost()
         })
+        .inspect(|_| self.date_verify_costs())
+    }
+
+    /// Verify costs whose speed is unknown (timed before any decode cost was, or while it
+    /// was stale) were timed at about the speed the next decode sample finds.
+    fn date_verify_costs(&self) {
+        let Ok(mut g) = self.levels.lock() else {
+            return;
+        };
+        for i in 0..LEVELS {
+            if g[i].ver_dec.is_none() && g[i].has_ver() {
+                g[i].ver_dec = decode_cost_at(&g[..], i);
+            }
+        }
     }
 
     /// A relay segment's mean gap so far; returns the level's T_dec as decisions use it.
@@ -484,8 +532,10 @@ impl CostModel {
         let suspect = |i: usize| dec.is_some_and(|d| g[i].ver_suspect(d, 1 << i));
         let ver_at = nearest_level_index(LEVELS, vl, |i| g[i].has_ver() && !suspect(i))
             .or_else(|| nearest_level(&g[..], vl, Level::has_ver));
+        // Verify costs timed at another speed of the machine are read at this one.
+        let speed = ver_at.map_or(1.0, |i| speed_since_verify(&g[..], i));
         let ver = (0..=kmax)
-            .map(|k| ver_at.and_then(|i| g[i].ver_at(k, spec)))
+            .map(|k| ver_at.and_then(|i| g[i].ver_at(k, spec)).map(|v| v * speed))
             .collect();
         let age = self.probe_interval;
         Costs {

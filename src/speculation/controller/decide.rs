@@ -103,6 +103,7 @@ impl Controller {
                 saving: b.saving(dec),
                 entry: all.saving_judged(entry_p.as_deref(), &b, dec, whole),
                 step_loss: b.step_loss,
+                tokens: b.tokens,
             }),
             _ => None,
         };
@@ -111,6 +112,12 @@ impl Controller {
             outside,
             in_loop,
             restart: all.dec.map_or(0.0, |d| all.restart_extra(d)),
+            // A relaying stream weighs the batch at every token it shadow-drafts.
+            checks_per_round: if self_relaying {
+                together.map_or(1.0, |g| g.tokens.max(1.0))
+            } else {
+                1.0
+            },
         };
         let verdict = self.batch.speculates(s.batch.as_ref(), &weigh);
         let (others, spec) = if let Some(relayers) = verdict {

@@ -157,6 +157,8 @@ pub mod relay;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
+mod speed_tests;
+#[cfg(test)]
 mod stall_tests;
 #[cfg(test)]
 mod tests;
