@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use super::acceptance::AcceptanceModel;
 use super::batch::{Gain, Weigh};
-use super::costs::{
-    expected_tokens, first_round_k, Best, Costs, Probe, Terms, DEC_HINGES, RATIO_MAX, STALE_TRUST,
-};
+use super::costs::{first_round_k, Costs, Probe, DEC_HINGES, RATIO_MAX, STALE_TRUST};
+use super::rounds::{expected_tokens, Best, Terms};
 use super::{Controller, Decision, StreamCtl, K_TRACKED};
 use crate::config::SpecMode;
 use crate::draft::{DrafterKind, Proposal};

@@ -48,9 +48,10 @@
 //! a verify's, within a sixteenth of the interval).
 //!
 //! # The parts
-//! - `costs.rs` — the cost model: T_dec, relay restart and T_ver(k) by load level, draft
-//!   cost per drafter, and the choice of the best K over them; `ewma.rs`, the running
-//!   estimates it keeps (mean, low envelope, quantile).
+//! - `costs.rs` — the cost model: T_dec, relay restart and T_ver(k) by load level (each
+//!   verify cost read at the speed the decode cost was timed at), draft cost per drafter;
+//!   `ewma.rs`, the running estimates it keeps (mean, low envelope, quantile);
+//!   `rounds.rs`, what a round of K yields and costs over them, and the best K.
 //! - `acceptance.rs` — the acceptance model: calibration per drafter, residual per stream.
 //! - `load.rs` — the load tracker: streams speculating, relaying, passing through, and
 //!   clients that bypass specd.
@@ -154,6 +155,7 @@ mod pacing;
 #[cfg(test)]
 mod probe_tests;
 pub mod relay;
+mod rounds;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
@@ -166,10 +168,10 @@ mod watch;
 
 pub use acceptance::Residual;
 pub use clock::{Clock, SystemClock, VirtualClock};
-pub use costs::expected_tokens;
 pub use load::RunningSource;
 pub use pacing::Rival;
 pub use relay::RelayTracker;
+pub use rounds::expected_tokens;
 pub use watch::Watched;
 
 use acceptance::AcceptanceModel;

@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use super::costs::Terms;
+use super::rounds::Terms;
 use super::{Controller, StreamCtl};
 use crate::draft::{DrafterKind, Proposal};
 
