@@ -73,6 +73,39 @@ impl Level {
                 v > RATIO_MAX * dec && streams * (k + 1) <= MEMORY_BOUND_TOKENS
             })
     }
+    /// A window of relayed tokens; returns T_dec as decisions use it.
+    fn add_decode_window(&mut self, per_token: f64, now: Instant) -> f64 {
+        // One window that caught a stall must not make plain decoding look as slow as
+        // a verify: a sample counts for at most twice the estimate (a real rise in
+        // load still doubles it within a few windows).
+        let x = match self.dec.get() {
+            Some(v) => per_token.min(2.0 * v),
+            None => per_token,
+        };
+        // Nor can a decode step cost what a verify call costs (`SUSPECT`): a first
+        // window that caught a stall made plain decoding look 4× slower than it was,
+        // and the streams verified hopeless drafts until the probe interval. Such an
+        // estimate is replaced, not averaged with, and a sample is capped there.
+        let x = match self.ver_min() {
+            Some(b) => {
+                if self.dec.get().is_some_and(|v| v >= SUSPECT * b * 0.999) {
+                    self.dec = Ewma::default();
+                }
+                x.min(SUSPECT * b)
+            }
+            None => x,
+        };
+        // Windows of many streams arrive together: the mean moves at most as fast as
+        // one stream's windows would move it.
+        let pace = f64::from(DECODE_WINDOW) * self.dec.get().unwrap_or(per_token);
+        let floor = match self.dec.get() {
+            Some(v) if x < v => fresh_weight(&self.dec, now),
+            _ => COST_ALPHA,
+        };
+        self.dec.add_paced(x, floor, pace, now);
+        self.dec_cost()
+    }
+
     pub(super) fn has_ver(&self) -> bool {
         self.ver.iter().any(|e| e.n > 0)
     }
@@ -145,9 +178,24 @@ fn nearest_level_index(n: usize, me: usize, has: impl Fn(usize) -> bool) -> Opti
         .min_by_key(|&i| (i as isize - me as isize).unsigned_abs())
 }
 
+/// The level nearest `level` that measured T_dec.
+fn decode_level(g: &[Level], level: usize) -> Option<usize> {
+    nearest_level(g, level, |l| l.dec.n > 0)
+}
+
 /// T_dec from the level nearest `level` that measured it.
 fn decode_cost_at(g: &[Level], level: usize) -> Option<f64> {
-    nearest_level(g, level, |l| l.dec.n > 0).map(|i| g[i].dec_cost())
+    decode_level(g, level).map(|i| g[i].dec_cost())
+}
+
+/// Verify costs whose speed is unknown (timed before any decode cost was, or while it
+/// was stale) were timed at about the speed the next decode sample finds.
+fn date_verify_costs(g: &mut [Level]) {
+    for i in 0..g.len() {
+        if g[i].ver_dec.is_none() && g[i].has_ver() {
+            g[i].ver_dec = decode_cost_at(g, i);
+        }
+    }
 }
 
 pub(super) fn level_of(load: usize) -> usize {
@@ -285,7 +333,7 @@ impl CostModel {
                 .at
                 .is_some_and(|t| now.saturating_duration_since(t) < DEC_FRESH)
         };
-        let dec = nearest_level(&g[..], at, |l| l.dec.n > 0)
+        let dec = decode_level(&g[..], at)
             .filter(|&i| fresh(&g[i]))
             .map(|i| g[i].dec_cost());
         let l = &mut g[at];
@@ -322,51 +370,10 @@ impl CostModel {
         per_token: f64,
         now: Instant,
     ) -> Option<f64> {
-        self.with_level(load, |l| {
-            // One window that caught a stall must not make plain decoding look as slow as
-            // a verify: a sample counts for at most twice the estimate (a real rise in
-            // load still doubles it within a few windows).
-            let x = match l.dec.get() {
-                Some(v) => per_token.min(2.0 * v),
-                None => per_token,
-            };
-            // Nor can a decode step cost what a verify call costs (`SUSPECT`): a first
-            // window that caught a stall made plain decoding look 4× slower than it was,
-            // and the streams verified hopeless drafts until the probe interval. Such an
-            // estimate is replaced, not averaged with, and a sample is capped there.
-            let x = match l.ver_min() {
-                Some(b) => {
-                    if l.dec.get().is_some_and(|v| v >= SUSPECT * b * 0.999) {
-                        l.dec = Ewma::default();
-                    }
-                    x.min(SUSPECT * b)
-                }
-                None => x,
-            };
-            // Windows of many streams arrive together: the mean moves at most as fast as
-            // one stream's windows would move it.
-            let pace = f64::from(DECODE_WINDOW) * l.dec.get().unwrap_or(per_token);
-            let floor = match l.dec.get() {
-                Some(v) if x < v => fresh_weight(&l.dec, now),
-                _ => COST_ALPHA,
-            };
-            l.dec.add_paced(x, floor, pace, now);
-            l.dec_cost()
-        })
-        .inspect(|_| self.date_verify_costs())
-    }
-
-    /// Verify costs whose speed is unknown (timed before any decode cost was, or while it
-    /// was stale) were timed at about the speed the next decode sample finds.
-    fn date_verify_costs(&self) {
-        let Ok(mut g) = self.levels.lock() else {
-            return;
-        };
-        for i in 0..LEVELS {
-            if g[i].ver_dec.is_none() && g[i].has_ver() {
-                g[i].ver_dec = decode_cost_at(&g[..], i);
-            }
-        }
+        let mut g = self.levels.lock().ok()?;
+        let cost = g[level_of(load)].add_decode_window(per_token, now);
+        date_verify_costs(&mut g[..]);
+        Some(cost)
     }
 
     /// A relay segment's mean gap so far; returns the level's T_dec as decisions use it.
