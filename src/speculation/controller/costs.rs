@@ -490,6 +490,14 @@ impl CostModel {
         now.saturating_duration_since(since) < wait
     }
 
+    /// Whether the level at `level_load` has deferred its first decode probe (its first
+    /// round that won by far: `defer_probe`).
+    pub(super) fn probe_deferred(&self, level_load: usize) -> bool {
+        self.levels
+            .lock()
+            .is_ok_and(|g| g[level_of(level_load)].dec_deferred.is_some())
+    }
+
     /// Claim a probe of a level: true for one caller per interval.
     pub(super) fn claim_probe(&self, level_load: usize, probe: Probe, now: Instant) -> bool {
         let Ok(mut g) = self.levels.lock() else {
@@ -535,6 +543,14 @@ pub(super) const DEC_HINGES: f64 = 1.2;
 /// verify costs more, the deferred probe (`CostModel::defer_probe`) corrects the guess,
 /// and a round yielding nearly its K + 1 tokens loses little even then.
 pub(super) const RATIO_MAX: f64 = 6.0;
+
+/// Once a level has deferred its first decode probe, the share of `RATIO_MAX` a round must
+/// still be expected to yield to keep deferring it (within `CostModel::defer_probe`'s
+/// wait). Deep positions' acceptance is estimated from few rounds, and a dip under
+/// `RATIO_MAX` otherwise set 8 streams at acceptance 0.9 relaying for 120 ms of a 2 s run
+/// to time a decode cost that could not have changed the verdict (docs/controller.md,
+/// "The first decode probe").
+pub(super) const DEFER_KEEP: f64 = 0.65;
 
 /// The K of a level's first verify round, before any verify cost is known: at most the
 /// longest that keeps a step of `load` streams bound by memory (`MEMORY_BOUND_TOKENS`), so

@@ -190,7 +190,8 @@ impl Controller {
             (None, Some(b))
                 if s.may_relay
                     && !self.batch.probing()
-                    && (b.wins_unmeasured(x.load) || b.ends(remaining))
+                    && (b.wins_unmeasured(x.load, self.costs.probe_deferred(x.load))
+                        || b.ends(remaining))
                     && self.costs.defer_probe(x.load, margin(&b), self.now()) =>
             {
                 Decision::Speculate(b.k)

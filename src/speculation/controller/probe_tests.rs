@@ -121,3 +121,39 @@ fn the_last_round_of_a_generation_defers_the_first_decode_probe() {
     // One expected to yield under half of what is left is no such round.
     assert_eq!(plan(4, 9), Decision::Relay { probe: true });
 }
+
+/// A level that deferred its first decode probe keeps deferring it through a round that
+/// falls a little short of winning by far (an estimate's dip), but not through one that
+/// falls far short.
+#[test]
+fn a_deferred_decode_probe_outlasts_a_dip() {
+    let setup = || {
+        let c = ctl();
+        let mut s = StreamCtl::new(true, 1);
+        teach(&c, &mut s, 0.99, 0.9);
+        c.record_verify(16, 1, ms(30.0));
+        (c, s)
+    };
+    let plan = |c: &Controller, s: &mut StreamCtl, k: usize| {
+        c.plan_round(
+            s,
+            SpecMode::Auto,
+            DrafterKind::Oracle,
+            &proposal(k, 0.9),
+            1000,
+        )
+    };
+    // Five drafts yield about 5.9 tokens: under the 6 a verify may cost in decode steps.
+    let (c, mut s) = setup();
+    let _me = c.enter();
+    assert_eq!(plan(&c, &mut s, 5), Decision::Relay { probe: true });
+    let (c, mut s) = setup();
+    let _me = c.enter();
+    assert!(matches!(plan(&c, &mut s, 16), Decision::Speculate(k) if k > 6));
+    assert_eq!(plan(&c, &mut s, 5), Decision::Speculate(5), "still deferred");
+    assert_eq!(
+        plan(&c, &mut s, 2),
+        Decision::Relay { probe: true },
+        "3 tokens a round are no dip"
+    );
+}

@@ -1,7 +1,7 @@
 //! What a round of K drafts yields and costs under the cost model, and the K that
 //! yields most per second.
 
-use super::costs::{Costs, MEMORY_BOUND_TOKENS, RATIO_MAX};
+use super::costs::{Costs, DEFER_KEEP, MEMORY_BOUND_TOKENS, RATIO_MAX};
 
 /// E(k) for acceptance estimates p (k ≤ p.len()).
 pub fn expected_tokens(p: &[f64], k: usize) -> f64 {
@@ -58,9 +58,15 @@ impl Best {
     }
 
     /// This round, verified beside `load` sequences, beats plain decoding under the
-    /// cheapest plausible decode cost (`RATIO_MAX`).
-    pub(super) fn wins_unmeasured(&self, load: usize) -> bool {
-        self.tokens > RATIO_MAX && load.max(1) * (self.k + 1) <= MEMORY_BOUND_TOKENS
+    /// cheapest plausible decode cost (`RATIO_MAX`), or (`deferred`: the level already
+    /// defers its first decode probe) comes within `DEFER_KEEP` of doing so.
+    pub(super) fn wins_unmeasured(&self, load: usize, deferred: bool) -> bool {
+        let need = if deferred {
+            DEFER_KEEP * RATIO_MAX
+        } else {
+            RATIO_MAX
+        };
+        self.tokens > need && load.max(1) * (self.k + 1) <= MEMORY_BOUND_TOKENS
     }
 
     /// This round covers the rest of the generation and is expected to yield more than half
