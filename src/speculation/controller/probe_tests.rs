@@ -150,7 +150,11 @@ fn a_deferred_decode_probe_outlasts_a_dip() {
     let (c, mut s) = setup();
     let _me = c.enter();
     assert!(matches!(plan(&c, &mut s, 16), Decision::Speculate(k) if k > 6));
-    assert_eq!(plan(&c, &mut s, 5), Decision::Speculate(5), "still deferred");
+    assert_eq!(
+        plan(&c, &mut s, 5),
+        Decision::Speculate(5),
+        "still deferred"
+    );
     assert_eq!(
         plan(&c, &mut s, 2),
         Decision::Relay { probe: true },
