@@ -28,7 +28,8 @@
 //! relays to measure it, unless its round yields more tokens than a verify is believed to
 //! cost decode steps (`RATIO_MAX`, in a step small enough to stay memory-bound): then it
 //! speculates, and the probe waits a quarter of the probe interval for each time the
-//! round's tokens hold that bound, up to the whole interval. `on`
+//! round's tokens hold that bound, up to the whole interval; once waiting, a later round
+//! keeps it waiting while it yields `DEFER_KEEP` of that bound (an estimate's dip). `on`
 //! verifies whatever the drafter proposed, up to the request's K. Seeded sampled requests
 //! never relay (a relay segment draws many positions from one random stream, so where it
 //! starts would change the output); they choose among k = 0..K, k = 0 being one plain
