@@ -194,7 +194,7 @@ pub struct DraftRequest {
 #[derive(Debug, Clone, Default)]
 pub struct Proposal {
     pub tokens: Vec<u32>,
-    /// Per token, the drafter's estimate in [0,1] that it is accepted given the previous
+    /// Per token, the drafter's estimate in 0..=1 that it is accepted given the previous
     /// ones were.
     pub confidence: Vec<f32>,
 }
